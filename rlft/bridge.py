@@ -1,0 +1,173 @@
+"""The bridge: process groups that connect every rank of a launch, whatever its role.
+
+DeepSpeed's PipelineModule must own the whole default torch.distributed world, so the policy ranks
+form their own default world (`init_policy_world`) and the sampler / reference / evaluator ranks
+never join it.  All ranks instead share the bridge, built on a TCPStore of its own:
+
+* a gloo group for Python objects and CPU tensors (rollout batches, metrics, control messages);
+* on GPU, an NCCL group for GPU tensors (weights streamed from the pipeline stages to the engines).
+
+The groups are used through their own methods (`pg.broadcast`, `pg.send`), because the
+`torch.distributed.*(group=...)` helpers only know registered groups.  With one rank (a single
+process hosting every role) every operation is a local no-op.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+from typing import Any, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 1800.0
+_GATHER_TAG = 7
+
+
+class Bridge:
+    def __init__(self, rank: int, world_size: int, *, master_addr: str, master_port: int,
+                 use_nccl: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.rank, self.world_size = rank, world_size
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.store = dist.TCPStore(master_addr, master_port, world_size, is_master=(rank == 0),
+                                   timeout=self.timeout, wait_for_workers=True)
+        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("bridge/gloo", self.store), rank, world_size,
+                                          self.timeout)
+        self.nccl = None
+        if use_nccl and world_size > 1:
+            nccl_opts = dist.ProcessGroupNCCL.Options()
+            nccl_opts._timeout = self.timeout
+            self.nccl = dist.ProcessGroupNCCL(dist.PrefixStore("bridge/nccl", self.store), rank, world_size,
+                                              nccl_opts)
+        self._tag = 0
+
+    # ------------------------------------------------------------ objects (gloo)
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        """Every rank gets `obj` from rank `src` (others pass anything, e.g. None)."""
+        if self.world_size == 1:
+            return obj
+        if self.rank == src:
+            payload = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)),
+                                       dtype=torch.uint8)
+            size = torch.tensor([payload.numel()], dtype=torch.long)
+        else:
+            size = torch.zeros(1, dtype=torch.long)
+        self._bcast(size, src)
+        if self.rank != src:
+            payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        self._bcast(payload, src)
+        return obj if self.rank == src else pickle.loads(payload.numpy().tobytes())
+
+    def _bcast(self, t: torch.Tensor, src: int) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        self.gloo.broadcast([t], opts).wait()
+
+    def gather_objects(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        """Rank `dst` gets the list of every rank's `obj` (in rank order); others get None."""
+        if self.world_size == 1:
+            return [obj]
+        if self.rank != dst:
+            self._send_obj(obj, dst, tag=_GATHER_TAG)
+            return None
+        return [obj if r == dst else self._recv_obj(r, tag=_GATHER_TAG) for r in range(self.world_size)]
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            self._bcast(torch.zeros(1), 0)
+            self.all_reduce_max(0.0)
+
+    def all_reduce_max(self, value: float) -> float:
+        if self.world_size == 1:
+            return value
+        t = torch.tensor([float(value)])
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        self.gloo.allreduce([t], opts).wait()
+        return float(t.item())
+
+    # ------------------------------------------------------------ tensors point to point
+
+    def send_named_tensors(self, named: Iterable[tuple[str, torch.Tensor]], dst: int, tag: int) -> None:
+        """Stream (name, tensor) pairs to `dst`: metadata over gloo, data over NCCL for GPU tensors."""
+        for name, t in named:
+            t = t.detach().contiguous()
+            meta = (name, tuple(t.shape), str(t.dtype).replace("torch.", ""), t.device.type)
+            self._send_obj(meta, dst, tag)
+            self._pg_for(t).send([t], dst, tag).wait()
+        self._send_obj(None, dst, tag)
+
+    def recv_named_tensors(self, src: int, tag: int, device: torch.device | str = "cpu"
+                           ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Counterpart of send_named_tensors: yields (name, tensor) as they arrive."""
+        while True:
+            meta = self._recv_obj(src, tag)
+            if meta is None:
+                return
+            name, shape, dtype, kind = meta
+            dev = torch.device(device) if kind == "cuda" else torch.device("cpu")
+            t = torch.empty(shape, dtype=getattr(torch, dtype), device=dev)
+            self._pg_for(t).recv([t], src, tag).wait()
+            yield name, t
+
+    def _pg_for(self, t: torch.Tensor):
+        if t.is_cuda:
+            if self.nccl is None:
+                raise RuntimeError("GPU tensor sent over a bridge without an NCCL group")
+            return self.nccl
+        return self.gloo
+
+    def _send_obj(self, obj: Any, dst: int, tag: int) -> None:
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        self.gloo.send([torch.tensor([data.numel()], dtype=torch.long)], dst, tag).wait()
+        self.gloo.send([data], dst, tag).wait()
+
+    def _recv_obj(self, src: int, tag: int) -> Any:
+        n = torch.zeros(1, dtype=torch.long)
+        self.gloo.recv([n], src, tag).wait()
+        data = torch.empty(int(n.item()), dtype=torch.uint8)
+        self.gloo.recv([data], src, tag).wait()
+        return pickle.loads(data.numpy().tobytes())
+
+    def send_object(self, obj: Any, dst: int, tag: int = 0) -> None:
+        self._send_obj(obj, dst, tag)
+
+    def recv_object(self, src: int, tag: int = 0) -> Any:
+        return self._recv_obj(src, tag)
+
+    # ------------------------------------------------------------ failure reporting
+
+    def report_failure(self, message: str) -> None:
+        """Record the first failure in the store so that other ranks can name it."""
+        try:
+            self.store.compare_set("rlft/failure", "", message)
+        except Exception:  # the store's host may already be gone
+            pass
+
+    def failure(self) -> str | None:
+        try:
+            if self.store.check(["rlft/failure"]):
+                return self.store.get("rlft/failure").decode()
+        except Exception:
+            pass
+        return None
+
+
+def init_policy_world(bridge: Bridge, policy_index: int, policy_size: int, backend: str,
+                      timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Make the policy ranks the default torch.distributed world that DeepSpeed expects.
+
+    The world is rendezvoused through the bridge's store (so it needs no port of its own), and the
+    environment is rewritten so that DeepSpeed's own reads of RANK / WORLD_SIZE agree with it.
+    """
+    os.environ["RANK"] = str(policy_index)
+    os.environ["WORLD_SIZE"] = str(policy_size)
+    os.environ["LOCAL_WORLD_SIZE"] = os.environ.get("LOCAL_WORLD_SIZE", str(policy_size))
+    dist.init_process_group(backend=backend, store=dist.PrefixStore("policy", bridge.store),
+                            rank=policy_index, world_size=policy_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)

@@ -1,0 +1,413 @@
+"""Run configuration: one typed schema, loaded from YAML with dotted command-line overrides.
+
+    cfg = load_config("launch/configs/grpo_cpu.yaml", ["optim.lr=2e-6", "grpo.group_size=4"])
+
+Every section is a dataclass with named defaults a person can scan.  Validation turns any
+mistake (unknown key, wrong type, value out of range) into a `ConfigError` whose message names
+the key path; command-line entry points print that one line and exit with status 2 before
+anything is written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+LOSS_TYPES = ("no_baseline", "reinforce_with_baseline", "grpo_clip", "dapo")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+AGGREGATIONS = ("sequence", "token", "constant")
+BACKENDS = ("auto", "hf", "vllm")
+DTYPES = ("auto", "bf16", "fp16", "fp32")
+
+
+class ConfigError(ValueError):
+    """A configuration mistake; the message names the key path."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = "smollm2-135m-instruct"  # HF hub id, local HF directory, .gguf file, or the offline default
+    dtype: str = "auto"  # auto = bf16 on GPU, fp32 on CPU
+    attn_implementation: str = "sdpa"  # sdpa | eager
+    activation_checkpointing: bool = False
+    padding_side: str = "right"  # how rollout batches are padded for the policy: right | left
+
+
+@dataclass
+class DataConfig:
+    source: str = "gsm_symbolic"  # gsm_symbolic (offline generator) | openai/gsm8k | local .jsonl/.parquet/dir
+    train_split: str = "train"
+    eval_split: str = "test"
+    train_size: int | None = 2000  # None = the whole split (gsm_symbolic needs a size)
+    eval_size: int | None = 200
+    prompt_template: str = "r1_zero"
+    shuffle: bool = True
+
+
+@dataclass
+class VLLMConfig:
+    gpu_memory_utilization: float = 0.85
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    sleep_mode: bool = False  # free the engine's GPU memory between uses when it shares a GPU
+    kv_cache_memory_bytes: int | None = None  # CPU engines: KV cache size (default 256 MiB)
+
+
+@dataclass
+class SamplingConfig:
+    backend: str = "auto"  # auto picks vLLM when it is installed and supported
+    temperature: float = 1.0
+    top_p: float = 1.0
+    min_tokens: int = 4
+    max_tokens: int = 1024
+    stop: list[str] = field(default_factory=lambda: ["</answer>"])
+    include_stop_str_in_output: bool = True
+    repetition_penalty: float = 1.1
+    eval_temperature: float = 0.0  # evaluation is greedy by default
+    eval_max_tokens: int | None = None  # None = max_tokens
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+
+@dataclass
+class GRPOConfig:
+    group_size: int = 8
+    loss_type: str = "grpo_clip"
+    cliprange: float = 0.2
+    cliprange_high: float | None = None  # DAPO clip-higher upper bound (loss_type dapo)
+    advantage_eps: float = 1e-6
+    normalize_by_std: bool = True  # False + aggregation constant = Dr. GRPO
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    aggregation: str = "sequence"  # sequence (the original) | token | constant (Dr. GRPO)
+    old_logprobs: str = "policy"  # policy = the weights that sampled; reference = the original's frozen model
+    epochs_per_rollout: int = 1
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    lr_schedule: str = "constant"  # constant | cosine (after warm-up)
+    rollout_batch_size: int = 256  # responses per step = prompts per step * group_size
+    train_micro_batch_size: int = 2  # sequences per pipeline micro-batch
+
+
+@dataclass
+class ScheduleConfig:
+    steps: int = 200
+    evaluate_freq: int = 10  # 0 = never (the final evaluation still runs)
+    evaluate_at_start: bool = False
+    save_every: int = 50  # 0 = only at epoch ends and at the end
+    sync_every: int = 1  # push policy weights to the sampler every N steps
+    log_samples_every: int = 10
+    num_logged_samples: int = 4
+
+
+@dataclass
+class TopologyConfig:
+    # Global ranks of the launch.  Policy ranks = pipeline_stages x data-parallel replicas.
+    policy_ranks: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
+    pipeline_stages: int = 5
+    sampler_rank: int = 7
+    reference_rank: int = 6
+    evaluator_rank: int = 5
+    nodes: int = 1  # >1: launch/train.sh expects a hostfile (output.hostfile)
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "runs/grpo"
+    init_checkpoint: str | None = None  # None = model.path; typically the SFT output's model/ directory
+    resume: str = "auto"  # auto | never | path to a checkpoint directory
+    hostfile: str | None = None
+    keep_checkpoints: int = 2  # newest complete checkpoints kept (0 = all)
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    seed: int = 0
+    device: str = "auto"  # auto | cuda | cpu
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def world_size(self) -> int:
+        t = self.topology
+        return max([*t.policy_ranks, t.sampler_rank, t.reference_rank, t.evaluator_rank]) + 1
+
+
+# ---------------------------------------------------------------- building from plain data
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """Check/convert a YAML value against a dataclass field type; raise ConfigError naming `path`."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, path)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{path}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping of settings, got {value!r}")
+        return _build(tp, value, path)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        return [_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{path}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads 1e-5 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{path}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{path}: expected a string, got {value!r}")
+    return value
+
+
+def _unknown_key(cls: type, key: str, path: str) -> ConfigError:
+    names = [f.name for f in dataclasses.fields(cls)]
+    where = f"{path}.{key}" if path else key
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    hint = f" (did you mean '{(path + '.') if path else ''}{close[0]}'?)" if close else ""
+    return ConfigError(f"{where}: unknown key{hint}")
+
+
+def _build(cls: type, data: dict, path: str = ""):
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise _unknown_key(cls, str(key), path)
+        kwargs[key] = _coerce(value, hints[key], f"{path}.{key}" if path else key)
+    return cls(**kwargs)
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override '{text}': expected key=value, e.g. optim.lr=2e-6")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override '{text}': empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def _set_dotted(data: dict, keys: list[str], value: Any) -> None:
+    node = data
+    for k in keys[:-1]:
+        nxt = node.setdefault(k, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{'.'.join(keys)}: '{k}' is not a section")
+        node = nxt
+    node[keys[-1]] = value
+
+
+def _check_override_path(keys: list[str]) -> None:
+    """Name the exact unknown key of a dotted override before merging."""
+    cls: Any = RunConfig
+    done: list[str] = []
+    for k in keys:
+        if not dataclasses.is_dataclass(cls):
+            raise ConfigError(f"{'.'.join(done)}: is a value, not a section (cannot set '{'.'.join(keys)}')")
+        hints = typing.get_type_hints(cls)
+        if k not in hints:
+            raise _unknown_key(cls, k, ".".join(done))
+        cls = hints[k]
+        done.append(k)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Range and consistency checks that types alone cannot express."""
+    g, s, o, sch, t, m = cfg.grpo, cfg.sampling, cfg.optim, cfg.schedule, cfg.topology, cfg.model
+    _require(m.dtype in DTYPES, f"model.dtype: must be one of {', '.join(DTYPES)}, got '{m.dtype}'")
+    _require(m.attn_implementation in ("sdpa", "eager"),
+             f"model.attn_implementation: must be sdpa or eager, got '{m.attn_implementation}'")
+    _require(m.padding_side in ("left", "right"), f"model.padding_side: must be left or right, got '{m.padding_side}'")
+    _require(bool(m.path), "model.path: must not be empty")
+    _require(g.group_size >= 1, f"grpo.group_size: must be >= 1, got {g.group_size}")
+    _require(g.loss_type in LOSS_TYPES,
+             f"grpo.loss_type: unknown loss '{g.loss_type}' (valid: {', '.join(LOSS_TYPES)})")
+    _require(g.cliprange > 0, f"grpo.cliprange: must be > 0, got {g.cliprange}")
+    if g.loss_type == "dapo":
+        _require(g.cliprange_high is not None, "grpo.cliprange_high: required when grpo.loss_type is dapo")
+    if g.cliprange_high is not None:
+        _require(g.cliprange_high > 0, f"grpo.cliprange_high: must be > 0, got {g.cliprange_high}")
+    _require(g.advantage_eps >= 0, f"grpo.advantage_eps: must be >= 0, got {g.advantage_eps}")
+    _require(g.kl_coef >= 0, f"grpo.kl_coef: must be >= 0, got {g.kl_coef}")
+    _require(g.kl_estimator in KL_ESTIMATORS,
+             f"grpo.kl_estimator: must be one of {', '.join(KL_ESTIMATORS)}, got '{g.kl_estimator}'")
+    _require(g.aggregation in AGGREGATIONS,
+             f"grpo.aggregation: must be one of {', '.join(AGGREGATIONS)}, got '{g.aggregation}'")
+    _require(g.old_logprobs in ("policy", "reference"),
+             f"grpo.old_logprobs: must be policy or reference, got '{g.old_logprobs}'")
+    _require(g.epochs_per_rollout >= 1, f"grpo.epochs_per_rollout: must be >= 1, got {g.epochs_per_rollout}")
+    if g.loss_type == "no_baseline" and g.group_size != 1:
+        raise ConfigError(f"grpo.group_size: loss_type no_baseline uses no groups; set grpo.group_size=1 "
+                          f"(got {g.group_size})")
+
+    _require(s.backend in BACKENDS, f"sampling.backend: must be one of {', '.join(BACKENDS)}, got '{s.backend}'")
+    _require(0 < s.top_p <= 1, f"sampling.top_p: must be in (0, 1], got {s.top_p}")
+    _require(s.temperature >= 0, f"sampling.temperature: must be >= 0, got {s.temperature}")
+    _require(s.eval_temperature >= 0, f"sampling.eval_temperature: must be >= 0, got {s.eval_temperature}")
+    _require(s.max_tokens >= 1, f"sampling.max_tokens: must be >= 1, got {s.max_tokens}")
+    _require(0 <= s.min_tokens <= s.max_tokens,
+             f"sampling.min_tokens: must be between 0 and sampling.max_tokens ({s.max_tokens}), got {s.min_tokens}")
+    _require(s.repetition_penalty > 0, f"sampling.repetition_penalty: must be > 0, got {s.repetition_penalty}")
+    _require(0 < s.vllm.gpu_memory_utilization <= 1,
+             f"sampling.vllm.gpu_memory_utilization: must be in (0, 1], got {s.vllm.gpu_memory_utilization}")
+
+    _require(o.lr > 0, f"optim.lr: must be > 0, got {o.lr}")
+    _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
+             f"optim.betas: must be two numbers in [0, 1), got {o.betas}")
+    _require(o.weight_decay >= 0, f"optim.weight_decay: must be >= 0, got {o.weight_decay}")
+    _require(o.grad_clip >= 0, f"optim.grad_clip: must be >= 0 (0 = off), got {o.grad_clip}")
+    _require(o.lr_schedule in ("constant", "cosine"),
+             f"optim.lr_schedule: must be constant or cosine, got '{o.lr_schedule}'")
+    _require(o.warmup_steps >= 0, f"optim.warmup_steps: must be >= 0, got {o.warmup_steps}")
+    _require(o.train_micro_batch_size >= 1,
+             f"optim.train_micro_batch_size: must be >= 1, got {o.train_micro_batch_size}")
+    _require(o.rollout_batch_size >= 1, f"optim.rollout_batch_size: must be >= 1, got {o.rollout_batch_size}")
+    _require(o.rollout_batch_size % g.group_size == 0,
+             f"optim.rollout_batch_size: must be a multiple of grpo.group_size ({g.group_size}), "
+             f"got {o.rollout_batch_size}")
+
+    _require(sch.steps >= 1, f"schedule.steps: must be >= 1, got {sch.steps}")
+    for name in ("evaluate_freq", "save_every", "log_samples_every"):
+        v = getattr(sch, name)
+        _require(v >= 0, f"schedule.{name}: must be >= 0 (0 = off), got {v}")
+    _require(sch.sync_every >= 1, f"schedule.sync_every: must be >= 1, got {sch.sync_every}")
+    _require(cfg.output.resume in ("auto", "never") or bool(cfg.output.resume),
+             "output.resume: must be auto, never or a checkpoint path")
+    _require(cfg.device in ("auto", "cuda", "cpu"), f"device: must be auto, cuda or cpu, got '{cfg.device}'")
+    _require(cfg.data.eval_size is None or cfg.data.eval_size >= 1,
+             f"data.eval_size: must be >= 1 or null, got {cfg.data.eval_size}")
+    _require(cfg.data.train_size is None or cfg.data.train_size >= 1,
+             f"data.train_size: must be >= 1 or null, got {cfg.data.train_size}")
+
+    from rlft.topology import check_topology  # local import: topology imports this module
+
+    check_topology(t)
+    dp = len(t.policy_ranks) // t.pipeline_stages
+    per_replica = o.rollout_batch_size // dp if dp else 0
+    _require(o.rollout_batch_size % dp == 0 and per_replica % o.train_micro_batch_size == 0,
+             f"optim.rollout_batch_size: {o.rollout_batch_size} must split evenly into {dp} data-parallel "
+             f"replica(s) x micro-batches of optim.train_micro_batch_size={o.train_micro_batch_size}")
+    return cfg
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def build_config(data: dict | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Build and validate a RunConfig from a plain mapping plus `key=value` overrides."""
+    data = {} if data is None else dict(data)
+    if not isinstance(data, dict):
+        raise ConfigError("config: the YAML file must hold a mapping of sections")
+    for text in overrides:
+        keys, value = _parse_override(text)
+        _check_override_path(keys)
+        _set_dotted(data, keys, value)
+    return validate(_build(RunConfig, data))
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Load YAML (or only defaults when `path` is None), apply overrides, validate."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            raise ConfigError(f"config file {p}: not valid YAML{where}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p}: must hold a mapping of sections, got {type(loaded).__name__}")
+        data = loaded
+    return build_config(data, overrides)
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    """Write the resolved config (every default filled in) as YAML, atomically."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    tmp.replace(p)
+
+
+def load_config_or_exit(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """For command-line entry points: one clear line and exit status 2 on any config mistake."""
+    try:
+        return load_config(path, overrides)
+    except ConfigError as e:
+        print(f"rlft: config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
