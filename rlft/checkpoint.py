@@ -1,0 +1,154 @@
+"""Checkpoint layout, atomic publication and HF export.
+
+    OUT/checkpoints/step_000010/
+        deepspeed/              DeepSpeed's files (every policy rank: its stage's weights + optimizer)
+        hf/                     the policy as an HF model directory (one safetensors shard per stage)
+        rng/rank_<r>.pt         every rank's RNG state
+        trainer_state.json      step, data position; written last
+    OUT/model/                  the final HF model (written when training completes)
+
+A checkpoint is written into `.step_000010.tmp/` and renamed to `step_000010/` only after every rank
+has finished writing, so a crash mid-save never leaves a directory that looks complete.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+STATE_FILE = "trainer_state.json"
+FINAL_STATE_FILE = "rlft_state.json"
+_STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_root(out_dir: str | Path) -> Path:
+    return Path(out_dir) / "checkpoints"
+
+
+def step_dir(out_dir: str | Path, step: int) -> Path:
+    return checkpoint_root(out_dir) / f"step_{step:06d}"
+
+
+def tmp_step_dir(out_dir: str | Path, step: int) -> Path:
+    return checkpoint_root(out_dir) / f".step_{step:06d}.tmp"
+
+
+def complete_checkpoints(out_dir: str | Path) -> list[Path]:
+    root = checkpoint_root(out_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _STEP_RE.match(p.name) and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: int(_STEP_RE.match(p.name).group(1)))
+
+
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    found = complete_checkpoints(out_dir)
+    return found[-1] if found else None
+
+
+def read_state(ckpt: str | Path) -> dict:
+    return read_json(Path(ckpt) / STATE_FILE)
+
+
+def read_json(path: str | Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def write_json_atomic(path: str | Path, data: dict) -> None:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Make a fully written checkpoint visible under its final name."""
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def prune(out_dir: str | Path, keep: int) -> None:
+    if keep <= 0:
+        return
+    for old in complete_checkpoints(out_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ RNG
+
+
+def save_rng(path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    torch.save(state, path)
+
+
+def load_rng(path: str | Path) -> None:
+    if not Path(path).is_file():
+        return
+    state = torch.load(path, weights_only=False)
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ------------------------------------------------------------------ HF export
+
+
+def shard_name(stage: int, num_stages: int) -> str:
+    return f"model-{stage + 1:05d}-of-{num_stages:05d}.safetensors"
+
+
+def write_hf_shard(hf_dir: str | Path, stage: int, num_stages: int, state: dict[str, torch.Tensor]) -> list[str]:
+    """One stage's tensors as one safetensors shard; returns the names written."""
+    from safetensors.torch import save_file
+
+    hf_dir = Path(hf_dir)
+    hf_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    save_file(tensors, str(hf_dir / shard_name(stage, num_stages)), metadata={"format": "pt"})
+    return sorted(tensors)
+
+
+def write_hf_index(hf_dir: str | Path, names_per_stage: list[list[str]], hf_config, tokenizer,
+                   dtype: torch.dtype) -> None:
+    """The sharded-safetensors index, config and tokenizer: makes `hf_dir` a from_pretrained directory."""
+    hf_dir = Path(hf_dir)
+    num = len(names_per_stage)
+    weight_map = {n: shard_name(s, num) for s, names in enumerate(names_per_stage) for n in names}
+    total = sum((hf_dir / shard_name(s, num)).stat().st_size for s in range(num))
+    write_json_atomic(hf_dir / "model.safetensors.index.json",
+                      {"metadata": {"total_size": total}, "weight_map": weight_map})
+    cfg = hf_config.__class__.from_dict(hf_config.to_dict())
+    cfg.torch_dtype = dtype
+    cfg.save_pretrained(hf_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(hf_dir)
+
+
+def copy_tree_atomic(src: str | Path, dst: str | Path) -> None:
+    dst = Path(dst)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(src, tmp)
+    if dst.exists():
+        shutil.rmtree(dst)
+    os.replace(tmp, dst)
+
+
+def has_weights(model_dir: str | Path) -> bool:
+    d = Path(model_dir)
+    return d.is_dir() and (d / "config.json").is_file() and (
+        any(d.glob("*.safetensors")) or any(d.glob("pytorch_model*.bin")))

@@ -1,0 +1,47 @@
+"""What launch/*.sh needs to start a run: validates the config and prints the launch plan.
+
+    python -m rlft.launch_plan --config X.yaml [key=value ...]
+    -> "WORLD_SIZE NODES RANKS_PER_NODE MASTER_PORT HOSTFILE"
+
+Exit status 2 with one line on stderr for any config mistake, before anything is launched.
+"""
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+
+from rlft.config import load_config_or_exit
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="rlft.launch_plan")
+    p.add_argument("--config", required=True)
+    p.add_argument("--gpus-available", type=int, default=-1, help="GPUs on this node (-1: CPU run)")
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args(argv)
+    cfg = load_config_or_exit(args.config, args.overrides)
+    world, nodes = cfg.world_size(), cfg.topology.nodes
+    if world % nodes:
+        print(f"rlft: config error: topology.nodes: {world} ranks do not split evenly over {nodes} nodes",
+              file=sys.stderr)
+        raise SystemExit(2)
+    per_node = world // nodes
+    if nodes > 1 and not cfg.output.hostfile:
+        print("rlft: config error: output.hostfile: required when topology.nodes > 1", file=sys.stderr)
+        raise SystemExit(2)
+    if args.gpus_available >= 0 and per_node > args.gpus_available:
+        print(f"rlft: config error: topology needs {per_node} GPUs per node but {args.gpus_available} are "
+              f"available here; pick a smaller config (launch/configs/grpo_{{1,2,4}}gpu.yaml)", file=sys.stderr)
+        raise SystemExit(2)
+    print(world, nodes, per_node, free_port(), cfg.output.hostfile or "-")
+
+
+if __name__ == "__main__":
+    main()

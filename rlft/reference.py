@@ -1,0 +1,37 @@
+"""The reference role: a frozen copy of the starting policy that scores rollouts.
+
+It computes per-token log-probs with exactly the trainer's conventions (positions from the
+attention mask, so left and right padding give the same numbers; column t scores token t+1), under
+inference mode, one micro-batch at a time.
+"""
+from __future__ import annotations
+
+import torch
+
+from rlft.models import load_causal_lm
+
+
+def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """log p(input_ids[:, t+1] | input_ids[:, :t+1]) -> [B, T-1] (fp32), for an HF causal LM."""
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   use_cache=False).logits[:, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+class ReferenceModel:
+    def __init__(self, model_path: str, *, dtype: str, device: torch.device, attn_implementation: str = "sdpa"):
+        self.device = device
+        self.model = load_causal_lm(model_path, dtype=dtype, device=str(device),
+                                    attn_implementation=attn_implementation)
+        self.model.eval().requires_grad_(False)
+
+    @torch.inference_mode()
+    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batch_size: int) -> torch.Tensor:
+        """[B, T] ids and mask -> [B, T-1] log-probs on the CPU."""
+        out = []
+        for i in range(0, input_ids.shape[0], micro_batch_size):
+            ids = input_ids[i:i + micro_batch_size].to(self.device)
+            mask = attention_mask[i:i + micro_batch_size].to(self.device)
+            out.append(sequence_logprobs(self.model, ids, mask).cpu())
+        return torch.cat(out)

@@ -1,0 +1,542 @@
+"""GRPO training: `deepspeed --num_gpus N -m rlft.train --config X.yaml [key=value ...]`.
+
+Every rank of the launch runs this file.  It reads the same config, derives its role(s) from
+`topology:` and then every rank walks through the same step (`grpo_step`), doing the parts that
+its roles own and exchanging the results over the bridge:
+
+    sampler    prompts -> grouped rollouts -> rewards -> group-normalised advantages -> batch
+    reference  frozen log-probs of the batch (when KL or reference old log-probs are on)
+    policy     DeepSpeed pipeline: one optimizer step over the batch
+    all        fresh policy weights -> sampler (and evaluator) engines
+    evaluator  every `evaluate_freq` steps: score the eval split
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rlft import checkpoint as ckpt
+from rlft.bridge import Bridge, init_policy_world
+from rlft.config import ConfigError, RunConfig, load_config_or_exit, save_config
+from rlft.topology import RankRoles, policy_rank_of, roles_for_rank
+from rlft.tracking import Tracker, format_samples, log, setup_logging
+
+SYNC_TAG = 100
+
+
+# ====================================================================== per-rank state
+
+
+@dataclass
+class Context:
+    cfg: RunConfig
+    roles: RankRoles
+    bridge: Bridge
+    device: torch.device
+    model_path: str
+    tokenizer: object
+    policy: object = None  # PolicyTrainer on policy ranks
+    reference: object = None  # ReferenceModel on the reference rank (when needed)
+    sampler: object = None  # Sampler on the sampler rank
+    engine: object = None  # the sampler's rollout engine
+    eval_engine: object = None  # the evaluator's engine (the sampler's when they share a rank)
+    train_examples: list = field(default_factory=list)
+    eval_examples: list = field(default_factory=list)
+    prompt_sampler: object = None
+    tracker: Tracker | None = None
+    seconds: dict = field(default_factory=dict)
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.cfg.grpo.kl_coef > 0 or self.cfg.grpo.old_logprobs == "reference"
+
+    @contextmanager
+    def timed(self, phase: str):
+        t0 = time.perf_counter()
+        yield
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+
+# ====================================================================== the step
+
+
+def grpo_step(ctx: Context, step: int) -> dict:
+    """One GRPO step on every rank; returns this rank's metrics (the coordinator logs them all)."""
+    from rlft.grader import grade_batch
+    from rlft.grpo import compute_group_normalized_rewards
+    from rlft.masking import build_rollout_batch
+
+    cfg, roles, bridge, t = ctx.cfg, ctx.roles, ctx.bridge, ctx.cfg.topology
+    ctx.seconds = {}
+    metrics: dict = {}
+    batch = None
+
+    # 1. Sample: a batch of prompts, group_size responses each (sampler rank).
+    if roles.sampler:
+        with ctx.timed("sample"):
+            indices = ctx.prompt_sampler.next_batch()
+            rollout = ctx.sampler.rollout([ctx.train_examples[i] for i in indices], cfg.grpo.group_size,
+                                          seed=cfg.seed * 1_000_003 + step)
+
+        # 2. Grade, then group-normalised advantages.
+        with ctx.timed("grade"):
+            grades = grade_batch(rollout.responses, rollout.ground_truths)
+            rewards = torch.tensor([g["reward"] for g in grades], dtype=torch.float32)
+            advantages, raw_rewards, reward_stats = compute_group_normalized_rewards(
+                rewards, cfg.grpo.group_size, cfg.grpo.advantage_eps, cfg.grpo.normalize_by_std)
+            batch = build_rollout_batch(
+                rollout.prompt_ids, rollout.response_ids, pad_token_id=ctx.tokenizer.pad_token_id,
+                eos_token_id=ctx.tokenizer.eos_token_id, bos_token_id=ctx.tokenizer.bos_token_id,
+                padding_side=cfg.model.padding_side)
+            batch["advantages"], batch["raw_rewards"] = advantages, raw_rewards
+            ps = ctx.prompt_sampler
+            batch["epoch_ended"] = ps.position >= ps.batches_per_epoch * min(ps.batch_size, ps.num_examples)
+        metrics.update(rollout_metrics(rollout, grades, batch, reward_stats))
+        metrics["prompt_indices"] = indices
+        if cfg.schedule.log_samples_every and step % cfg.schedule.log_samples_every == 0:
+            metrics["samples"] = [
+                {"question": ctx.train_examples[indices[i // cfg.grpo.group_size]].question,
+                 "response": rollout.responses[i], "ground_truth": rollout.ground_truths[i], **grades[i]}
+                for i in range(0, len(grades), max(1, len(grades) // cfg.schedule.num_logged_samples))
+            ][:cfg.schedule.num_logged_samples]
+    batch = bridge.broadcast_object(batch, src=t.sampler_rank)
+
+    # 3. Reference log-probs (frozen starting policy).
+    if ctx.needs_reference:
+        ref = None
+        if roles.reference:
+            with ctx.timed("reference"):
+                ref = ctx.reference.logprobs(batch["input_ids"], batch["attention_mask"],
+                                             cfg.optim.train_micro_batch_size)
+        batch["ref_logprobs"] = bridge.broadcast_object(ref, src=t.reference_rank)
+
+    # 4. Policy update: old log-probs (several epochs per rollout only), then optimizer step(s).
+    if roles.policy:
+        with ctx.timed("train"):
+            if cfg.grpo.epochs_per_rollout > 1 and cfg.grpo.old_logprobs == "policy":
+                old = ctx.policy.logprobs(batch)
+                if old is not None:
+                    full = torch.zeros_like(batch["response_mask"], dtype=torch.float32)
+                    full[ctx.policy._replica_rows(batch)] = old
+                    batch["old_logprobs"] = full
+            for _ in range(cfg.grpo.epochs_per_rollout):
+                train_metrics = ctx.policy.train(batch)
+        if roles.last_stage and roles.replica == 0:
+            metrics.update(train_metrics)
+
+    # 5. Fresh weights into the sampler (and the evaluator's engine).
+    if step % cfg.schedule.sync_every == 0:
+        with ctx.timed("sync"):
+            sync_weights(ctx)
+
+    # 6. Evaluation on the held-out split.
+    if cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0:
+        metrics.update(run_evaluation(ctx, step))
+
+    metrics["seconds"] = dict(ctx.seconds)
+    metrics["peak_memory_gb"] = peak_memory_gb(ctx.device)
+    metrics["epoch_ended"] = bool(batch.get("epoch_ended", False))
+    return metrics
+
+
+# ====================================================================== pieces of the step
+
+
+def rollout_metrics(rollout, grades: list[dict], batch: dict, reward_stats: dict) -> dict:
+    resp_len = batch["response_mask"].sum(-1).float()
+    n = max(1, len(grades))
+    out = {
+        "reward/mean": sum(g["reward"] for g in grades) / n,
+        "reward/format": sum(g["format_reward"] for g in grades) / n,
+        "reward/answer": sum(g["answer_reward"] for g in grades) / n,
+        "response_length/mean": float(resp_len.mean()),
+        "response_length/max": float(resp_len.max()),
+        "response_length/clipped_fraction": sum(r == "length" for r in rollout.finish_reasons) / n,
+        "tokens/response": float(batch["response_mask"].sum()),
+        "tokens/total": float(batch["attention_mask"].sum()),
+    }
+    for k, v in reward_stats.items():
+        if isinstance(v, (int, float)) or (torch.is_tensor(v) and v.numel() == 1):
+            out[f"advantage_stats/{k}"] = float(v)
+    return out
+
+
+def sync_weights(ctx: Context) -> None:
+    """Stream every stage's tensors (replica 0) to the ranks whose engines need them."""
+    t, roles, bridge = ctx.cfg.topology, ctx.roles, ctx.bridge
+    targets = [t.sampler_rank]
+    if t.evaluator_rank != t.sampler_rank:
+        targets.append(t.evaluator_rank)
+    for target in targets:
+        for stage in range(t.pipeline_stages):
+            src = policy_rank_of(t, replica=0, stage=stage)
+            engines = [e for e in {id(x): x for x in (ctx.engine, ctx.eval_engine) if x is not None}.values()]
+            if roles.rank == src and roles.rank == target:
+                state = ctx.policy.export_state()
+                for e in engines:
+                    e.update_weights(list(state.items()))
+            elif roles.rank == src:
+                bridge.send_named_tensors(ctx.policy.export_state().items(), dst=target, tag=SYNC_TAG + stage)
+            elif roles.rank == target:
+                received = list(bridge.recv_named_tensors(src, tag=SYNC_TAG + stage, device=ctx.device))
+                for e in engines:
+                    e.update_weights(received)
+
+
+def run_evaluation(ctx: Context, step: int) -> dict:
+    """The evaluator scores the eval split with its resident engine; results land in OUT/eval/."""
+    from rlft.evaluation import evaluate, write_results
+    from rlft.sampler import sampling_spec
+
+    if not ctx.roles.evaluator:
+        return {}
+    with ctx.timed("eval"):
+        spec = sampling_spec(ctx.cfg.sampling, n=1, seed=ctx.cfg.seed, evaluation=True)
+        records, summary = evaluate(ctx.eval_engine, ctx.tokenizer, ctx.eval_examples, spec=spec,
+                                    prompt_template=ctx.cfg.data.prompt_template, progress=False)
+        write_results(Path(ctx.cfg.output.dir) / "eval" / f"step_{step:06d}", records, summary)
+    return {f"eval/{k}": float(v) for k, v in summary.items() if isinstance(v, (int, float))}
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (host RSS)
+
+
+# ====================================================================== checkpoints
+
+
+def save_checkpoint(ctx: Context, step: int, *, final: bool = False) -> None:
+    """Every rank writes its part into a temporary directory; rank 0 publishes it."""
+    cfg, roles, bridge = ctx.cfg, ctx.roles, ctx.bridge
+    tmp, dst = ckpt.tmp_step_dir(cfg.output.dir, step), ckpt.step_dir(cfg.output.dir, step)
+    if roles.rank == 0:
+        if tmp.exists():
+            import shutil
+
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    bridge.barrier()
+    part: dict = {"rank": roles.rank}
+    if roles.policy:
+        ctx.policy.save(str(tmp), client_state={"step": step})
+        if roles.replica == 0:
+            part["stage"] = roles.stage
+            part["names"] = ckpt.write_hf_shard(tmp / "hf", roles.stage, roles.num_stages,
+                                                ctx.policy.export_state())
+    if roles.sampler:
+        part["prompt_sampler"] = ctx.prompt_sampler.state_dict()
+    ckpt.save_rng(tmp / "rng" / f"rank_{roles.rank}.pt")
+    parts = bridge.gather_objects(part, dst=0)
+    if roles.rank == 0:
+        names = [[] for _ in range(cfg.topology.pipeline_stages)]
+        sampler_state = None
+        for p in parts:
+            if "stage" in p:
+                names[p["stage"]] = p["names"]
+            if "prompt_sampler" in p:
+                sampler_state = p["prompt_sampler"]
+        hf_config = ctx.policy.hf_config if ctx.policy is not None else _load_hf_config(ctx.model_path)
+        ckpt.write_hf_index(tmp / "hf", names, hf_config, ctx.tokenizer, policy_dtype(ctx))
+        ckpt.write_json_atomic(tmp / ckpt.STATE_FILE, {
+            "step": step, "prompt_sampler": sampler_state, "total_steps": cfg.schedule.steps})
+        ckpt.publish(tmp, dst)
+        ckpt.prune(cfg.output.dir, cfg.output.keep_checkpoints)
+        if final:
+            model_dir = Path(cfg.output.dir) / "model"
+            ckpt.copy_tree_atomic(dst / "hf", model_dir)
+            ckpt.write_json_atomic(model_dir / ckpt.FINAL_STATE_FILE, {"step": step})
+        log.info("saved checkpoint %s%s", dst, f" and final model {Path(cfg.output.dir) / 'model'}" if final else "")
+    bridge.barrier()
+
+
+def resume_checkpoint(ctx: Context) -> int:
+    """Restore from the configured checkpoint; returns the step to continue after (0 = fresh)."""
+    cfg, roles = ctx.cfg, ctx.roles
+    if cfg.output.resume == "never":
+        return 0
+    path = ckpt.latest_checkpoint(cfg.output.dir) if cfg.output.resume == "auto" else Path(cfg.output.resume)
+    if path is None:
+        return 0
+    if not (path / ckpt.STATE_FILE).is_file():
+        raise ConfigError(f"output.resume: {path} is not a complete rlft checkpoint (no {ckpt.STATE_FILE})")
+    state = ckpt.read_state(path)
+    if roles.policy:
+        ctx.policy.load(str(path))
+    if roles.sampler and state.get("prompt_sampler"):
+        ctx.prompt_sampler.load_state_dict(state["prompt_sampler"])
+    ckpt.load_rng(path / "rng" / f"rank_{roles.rank}.pt")
+    if roles.rank == 0:
+        log.info("resuming from %s (step %d)", path, state["step"])
+    return int(state["step"])
+
+
+def policy_dtype(ctx: Context) -> torch.dtype:
+    return torch.bfloat16 if ctx.device.type == "cuda" and ctx.cfg.model.dtype in ("auto", "bf16") else torch.float32
+
+
+def _load_hf_config(path: str):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path)
+
+
+# ====================================================================== set-up
+
+
+def choose_device(cfg: RunConfig, roles: RankRoles) -> torch.device:
+    want_cuda = cfg.device == "cuda" or (cfg.device == "auto" and os.environ.get("DS_ACCELERATOR") != "cpu"
+                                         and torch.cuda.is_available())
+    if not want_cuda:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("device: cuda requested but no GPU is visible")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local)
+
+
+def build_roles(ctx: Context) -> None:
+    """Create what this rank hosts: policy stage, reference model, engines, data."""
+    from rlft.data import PromptSampler, load_examples
+
+    cfg, roles = ctx.cfg, ctx.roles
+    if roles.policy:
+        from rlft.policy import PolicyTrainer
+
+        backend = "nccl" if ctx.device.type == "cuda" else "gloo"
+        init_policy_world(ctx.bridge, roles.policy_index, len(cfg.topology.policy_ranks), backend)
+        ctx.policy = PolicyTrainer(cfg, roles, ctx.model_path, ctx.device, bf16=policy_dtype(ctx) == torch.bfloat16)
+    if roles.reference and ctx.needs_reference:
+        from rlft.reference import ReferenceModel
+
+        ctx.reference = ReferenceModel(ctx.model_path, dtype=_engine_dtype(ctx), device=ctx.device,
+                                       attn_implementation=cfg.model.attn_implementation)
+    if roles.sampler or roles.evaluator:
+        from rlft.engines import make_engine
+
+        def new_engine():
+            return make_engine(cfg.sampling.backend, ctx.model_path, dtype=_engine_dtype(ctx),
+                               device=str(ctx.device), seed=cfg.seed, tokenizer=ctx.tokenizer,
+                               vllm_options=vars(cfg.sampling.vllm).copy())
+        if roles.sampler:
+            from rlft.sampler import Sampler
+
+            ctx.engine = new_engine()
+            ctx.sampler = Sampler(ctx.engine, ctx.tokenizer, cfg.sampling, cfg.data.prompt_template)
+            loaded = load_examples(cfg.data.source, cfg.data.train_split, size=cfg.data.train_size, seed=cfg.seed)
+            ctx.train_examples = loaded.examples
+            if not ctx.train_examples:
+                raise ConfigError(f"data.source: no usable training examples in {cfg.data.source}")
+            prompts_per_step = cfg.optim.rollout_batch_size // cfg.grpo.group_size
+            ctx.prompt_sampler = PromptSampler(len(ctx.train_examples), prompts_per_step, cfg.seed,
+                                               shuffle=cfg.data.shuffle)
+            log.info("sampler: %d training prompts (%s), %d per step, engine %s", len(ctx.train_examples),
+                     cfg.data.source, prompts_per_step, type(ctx.engine).__name__)
+        if roles.evaluator:
+            ctx.eval_engine = ctx.engine if roles.sampler else new_engine()
+            ctx.eval_examples = load_examples(cfg.data.source, cfg.data.eval_split, size=cfg.data.eval_size,
+                                              seed=cfg.seed).examples
+
+
+def _engine_dtype(ctx: Context) -> str:
+    if ctx.device.type == "cpu":
+        return "fp32"
+    return {"auto": "bf16"}.get(ctx.cfg.model.dtype, ctx.cfg.model.dtype)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ====================================================================== entry
+
+
+def train(ctx: Context) -> None:
+    from tqdm import tqdm
+
+    cfg, roles, bridge = ctx.cfg, ctx.roles, ctx.bridge
+    start = resume_checkpoint(ctx)
+    if start > 0 or cfg.schedule.evaluate_at_start:
+        sync_weights(ctx)  # the engines start from the initial model; a resumed policy differs
+    if roles.rank == 0:
+        ctx.tracker = Tracker(cfg.output.dir, purge_step=start + 1 if start else None)
+        log.info("TensorBoard: tensorboard --logdir %s", ctx.tracker.tb_dir)
+    if cfg.schedule.evaluate_at_start and start == 0:
+        report(ctx, 0, bridge.gather_objects(run_evaluation(ctx, 0), dst=0))
+    bar = tqdm(total=cfg.schedule.steps, initial=start, desc="grpo", unit="step", dynamic_ncols=True,
+               disable=roles.rank != 0 or not sys.stderr.isatty() and os.environ.get("RLFT_PROGRESS") != "1")
+    for step in range(start + 1, cfg.schedule.steps + 1):
+        t0 = time.perf_counter()
+        metrics = grpo_step(ctx, step)
+        metrics["seconds"]["step"] = time.perf_counter() - t0
+        gathered = bridge.gather_objects(metrics, dst=0)
+        epoch_ended = any(m.get("epoch_ended") for m in gathered) if gathered else False
+        epoch_ended = bool(bridge.broadcast_object(epoch_ended, src=0))
+        if roles.rank == 0:
+            summary = report(ctx, step, gathered)
+            bar.update(1)
+            bar.set_postfix_str(summary)
+        last = step == cfg.schedule.steps
+        if last or epoch_ended or (cfg.schedule.save_every and step % cfg.schedule.save_every == 0):
+            save_checkpoint(ctx, step, final=last)
+    bar.close()
+    if cfg.schedule.evaluate_freq == 0 or cfg.schedule.steps % cfg.schedule.evaluate_freq:
+        report(ctx, cfg.schedule.steps, bridge.gather_objects(run_evaluation(ctx, cfg.schedule.steps), dst=0))
+    if ctx.tracker:
+        ctx.tracker.close()
+
+
+def report(ctx: Context, step: int, gathered: list[dict] | None) -> str:
+    """Merge every rank's metrics (coordinator only): TensorBoard, steps.jsonl, one log line."""
+    if gathered is None or ctx.tracker is None:
+        return ""
+    merged: dict = {}
+    seconds: dict = {}
+    peak = 0.0
+    samples = None
+    for m in gathered:
+        for k, v in m.items():
+            if k == "seconds":
+                for phase, s in v.items():
+                    seconds[phase] = max(seconds.get(phase, 0.0), s)
+            elif k == "peak_memory_gb":
+                peak = max(peak, v)
+            elif k == "samples":
+                samples = v
+            elif k != "epoch_ended":
+                merged[k] = v
+    merged.update({f"time/{k}": v for k, v in seconds.items()})
+    merged["memory/peak_gb"] = peak
+    if "tokens/total" in merged and seconds.get("step"):
+        merged["throughput/tokens_per_s"] = merged["tokens/total"] / seconds["step"]
+    if "tokens/response" in merged and seconds.get("sample"):
+        merged["throughput/sample_tokens_per_s"] = merged["tokens/response"] / seconds["sample"]
+    ctx.tracker.scalars(step, merged)
+    if samples:
+        ctx.tracker.text("samples", step, format_samples(samples))
+    ctx.tracker.record(step, merged)
+    parts = [f"step {step}"]
+    for key, label in (("reward/mean", "reward"), ("reward/format", "format"), ("loss", "loss"),
+                       ("kl", "kl"), ("grad_norm", "gnorm"), ("eval/accuracy", "eval_acc"),
+                       ("time/step", "s/step")):
+        if key in merged:
+            parts.append(f"{label} {merged[key]:.4g}")
+    line = " | ".join(parts)
+    log.info(line)
+    return line
+
+
+def evaluate_existing(ctx: Context, model_dir: Path) -> None:
+    """Entry rule: the output already holds a trained model -> evaluate it, do not train."""
+    from rlft.engines import make_engine
+    from rlft.evaluation import evaluate, write_results
+    from rlft.sampler import sampling_spec
+    from rlft.data import load_examples
+
+    cfg = ctx.cfg
+    if ctx.roles.evaluator:
+        log.info("%s already holds a trained model: evaluating it instead of training", model_dir)
+        engine = make_engine(cfg.sampling.backend, str(model_dir), dtype=_engine_dtype(ctx), device=str(ctx.device),
+                             seed=cfg.seed, tokenizer=ctx.tokenizer, vllm_options=vars(cfg.sampling.vllm).copy())
+        examples = load_examples(cfg.data.source, cfg.data.eval_split, size=cfg.data.eval_size, seed=cfg.seed).examples
+        records, summary = evaluate(engine, ctx.tokenizer, examples,
+                                    spec=sampling_spec(cfg.sampling, n=1, seed=cfg.seed, evaluation=True),
+                                    prompt_template=cfg.data.prompt_template)
+        out = Path(cfg.output.dir) / "eval" / "final"
+        write_results(out, records, summary)
+        log.info("evaluation of %s: accuracy %.4f, format %.4f -> %s", model_dir, summary["accuracy"],
+                 summary["format_rate"], out)
+    ctx.bridge.barrier()
+
+
+def run(ctx: Context) -> None:
+    from rlft.models import load_tokenizer, resolve_model_path
+
+    cfg = ctx.cfg
+    out = Path(cfg.output.dir)
+    final = out / "model"
+    done = final / ckpt.FINAL_STATE_FILE
+    if ckpt.has_weights(final) and (not done.is_file() or ckpt.read_json(done)["step"] >= cfg.schedule.steps):
+        ctx.tokenizer = load_tokenizer(str(final))
+        evaluate_existing(ctx, final)
+        return
+    # Rank 0 resolves (and, for a .gguf, converts) the model once; the others wait for the path.
+    path = None
+    if ctx.roles.rank == 0:
+        path = resolve_model_path(cfg.output.init_checkpoint or cfg.model.path)
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, out / "config.yaml")
+    ctx.model_path = ctx.bridge.broadcast_object(path, src=0)
+    ctx.tokenizer = load_tokenizer(ctx.model_path)
+    build_roles(ctx)
+    ctx.bridge.barrier()
+    train(ctx)
+
+
+def parse_args(argv: list[str] | None = None):
+    p = argparse.ArgumentParser(prog="rlft.train", description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True, help="YAML config (see launch/configs/)")
+    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by the launcher
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=2e-6")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    cfg = load_config_or_exit(args.config, args.overrides)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != cfg.world_size():
+        print(f"rlft: config error: topology needs {cfg.world_size()} ranks but {world} were launched "
+              f"(use launch/train.sh, which starts the right number)", file=sys.stderr)
+        raise SystemExit(2)
+    roles = roles_for_rank(cfg.topology, rank)
+    setup_logging(rank, "+".join(n.split("[")[0] for n in roles.names()))
+    try:
+        device = choose_device(cfg, roles)
+        port = int(os.environ.get("MASTER_PORT", "0")) or _free_port()
+        bridge = Bridge(rank, world, master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), master_port=port,
+                        use_nccl=device.type == "cuda")
+    except ConfigError as e:
+        print(f"rlft: config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    ctx = Context(cfg=cfg, roles=roles, bridge=bridge, device=device, model_path="", tokenizer=None)
+    try:
+        run(ctx)
+    except ConfigError as e:
+        fail(bridge, roles, f"config error: {e}", exit_code=2)
+    except BaseException as e:  # noqa: BLE001 - any failure must take the whole launch down promptly
+        traceback.print_exc()
+        fail(bridge, roles, f"{type(e).__name__}: {e}", exit_code=1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: engines' child processes and DeepSpeed's groups can hang it.
+    os._exit(0)
+
+
+def fail(bridge: Bridge, roles: RankRoles, message: str, exit_code: int) -> None:
+    """Name the rank and the cause, then exit at once: the launcher then stops every other rank."""
+    text = f"rlft: {roles.describe()} failed: {message}"
+    bridge.report_failure(text)
+    print(text, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(exit_code)
+
+
+if __name__ == "__main__":
+    main()
