@@ -151,15 +151,19 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def world_size(self) -> int:
-        t = self.topology
-        return max([*t.policy_ranks, t.sampler_rank, t.reference_rank, t.evaluator_rank]) + 1
+        from rlft.topology import world_size
+
+        return world_size(self.topology)
 
 
 # ---------------------------------------------------------------- building from plain data
 
 
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
+
+
 def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+    return _TYPE_WORDS.get(tp, getattr(tp, "__name__", str(tp).replace("typing.", "")))
 
 
 def _coerce(value: Any, tp: Any, path: str) -> Any:
@@ -179,6 +183,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
                 errors.append(str(e))
         raise ConfigError(f"{path}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
     if dataclasses.is_dataclass(tp):
+        if value is None:  # a section whose lines are all commented out
+            value = {}
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping of settings, got {value!r}")
         return _build(tp, value, path)
@@ -251,15 +257,17 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
 def _set_dotted(data: dict, keys: list[str], value: Any) -> None:
     node = data
     for k in keys[:-1]:
-        nxt = node.setdefault(k, {})
+        nxt = node.get(k)
+        if nxt is None:
+            nxt = node[k] = {}
         if not isinstance(nxt, dict):
             raise ConfigError(f"{'.'.join(keys)}: '{k}' is not a section")
         node = nxt
     node[keys[-1]] = value
 
 
-def _check_override_path(keys: list[str]) -> None:
-    """Name the exact unknown key of a dotted override before merging."""
+def _check_override_path(keys: list[str]) -> Any:
+    """Name the exact unknown key of a dotted override before merging; returns the field's type."""
     cls: Any = RunConfig
     done: list[str] = []
     for k in keys:
@@ -270,6 +278,15 @@ def _check_override_path(keys: list[str]) -> None:
             raise _unknown_key(cls, k, ".".join(done))
         cls = hints[k]
         done.append(k)
+    return cls
+
+
+def _is_text_type(tp: Any) -> bool:
+    if tp is str:
+        return True
+    args = typing.get_args(tp)
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and str in args and all(
+        a in (str, type(None)) for a in args)
 
 
 # ---------------------------------------------------------------- validation
@@ -320,7 +337,17 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(0 < s.vllm.gpu_memory_utilization <= 1,
              f"sampling.vllm.gpu_memory_utilization: must be in (0, 1], got {s.vllm.gpu_memory_utilization}")
 
-    _require(o.lr > 0, f"optim.lr: must be > 0, got {o.lr}")
+    _require(0 < o.lr < float("inf"), f"optim.lr: must be a finite number > 0, got {o.lr}")
+    _require(0 < o.eps < 1, f"optim.eps: must be in (0, 1), got {o.eps}")
+    _require(s.eval_max_tokens is None or s.eval_max_tokens >= 1,
+             f"sampling.eval_max_tokens: must be >= 1 or null, got {s.eval_max_tokens}")
+    _require(s.vllm.max_model_len is None or s.vllm.max_model_len >= 1,
+             f"sampling.vllm.max_model_len: must be >= 1 or null, got {s.vllm.max_model_len}")
+    _require(s.vllm.kv_cache_memory_bytes is None or s.vllm.kv_cache_memory_bytes >= 1,
+             f"sampling.vllm.kv_cache_memory_bytes: must be >= 1 or null, got {s.vllm.kv_cache_memory_bytes}")
+    _require(cfg.output.keep_checkpoints >= 0,
+             f"output.keep_checkpoints: must be >= 0 (0 = keep all), got {cfg.output.keep_checkpoints}")
+    _require(sch.num_logged_samples >= 0, f"schedule.num_logged_samples: must be >= 0, got {sch.num_logged_samples}")
     _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
              f"optim.betas: must be two numbers in [0, 1), got {o.betas}")
     _require(o.weight_decay >= 0, f"optim.weight_decay: must be >= 0, got {o.weight_decay}")
@@ -369,7 +396,10 @@ def build_config(data: dict | None = None, overrides: list[str] | tuple[str, ...
         raise ConfigError("config: the YAML file must hold a mapping of sections")
     for text in overrides:
         keys, value = _parse_override(text)
-        _check_override_path(keys)
+        tp = _check_override_path(keys)
+        raw = text.split("=", 1)[1].strip()
+        if _is_text_type(tp) and raw not in ("", "null", "~"):
+            value = raw  # YAML would read "no" as false and "010" as 8: text fields keep the text
         _set_dotted(data, keys, value)
     return validate(_build(RunConfig, data))
 
@@ -379,14 +409,19 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     data: dict = {}
     if path is not None:
         p = Path(path)
-        if not p.is_file():
+        if not p.exists():
             raise ConfigError(f"config file {p} does not exist")
+        if not p.is_file():
+            raise ConfigError(f"config file {p} is not a file")
         try:
-            loaded = yaml.safe_load(p.read_text())
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"config file {p}: cannot be read ({type(e).__name__})") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-            raise ConfigError(f"config file {p}: not valid YAML{where}") from None
+            problem = f": {e.problem}" if getattr(e, "problem", None) else ""
+            raise ConfigError(f"config file {p}: not valid YAML{where}{problem}") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

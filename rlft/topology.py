@@ -89,8 +89,9 @@ def check_stages_vs_layers(num_layers: int, num_stages: int) -> None:
     per = -(-num_layers // num_stages)
     if per * (num_stages - 1) >= num_layers:
         valid = [s for s in range(1, num_layers + 1) if -(-num_layers // s) * (s - 1) < num_layers]
-        raise ConfigError(f"topology.pipeline_stages: {num_layers} layers split {per} per stage leave the "
-                          f"last of {num_stages} stages empty; valid stage counts: {valid}")
+        empty = num_stages - -(-num_layers // per)
+        raise ConfigError(f"topology.pipeline_stages: {num_layers} layers split {per} per stage leave "
+                          f"{empty} of {num_stages} stages empty; valid stage counts: {valid}")
 
 
 def roles_for_rank(t: TopologyConfig, rank: int) -> RankRoles:
