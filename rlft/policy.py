@@ -37,8 +37,9 @@ def deepspeed_config(cfg: RunConfig, *, bf16: bool, gradient_accumulation_steps:
     return ds
 
 
-def lr_lambda(cfg: RunConfig):
-    warm, total, kind = cfg.optim.warmup_steps, cfg.schedule.steps, cfg.optim.lr_schedule
+def lr_lambda(cfg: RunConfig, total_steps: int | None = None):
+    warm, kind = cfg.optim.warmup_steps, cfg.optim.lr_schedule
+    total = total_steps or cfg.schedule.steps
 
     def f(step: int) -> float:
         if warm and step < warm:
@@ -58,14 +59,24 @@ def _trim_right(*tensors: torch.Tensor, attention_mask: torch.Tensor):
 
 
 class PolicyTrainer:
-    def __init__(self, cfg: RunConfig, roles: RankRoles, model_path: str, device: torch.device, bf16: bool):
+    """objective "grpo": the policy-gradient loss; "sft": token-level NLL of the response tokens.
+
+    `batch_size` is the number of sequences per optimizer step over all replicas (default: the
+    rollout batch); `total_steps` sizes the learning-rate schedule (default: schedule.steps).
+    """
+
+    def __init__(self, cfg: RunConfig, roles: RankRoles, model_path: str, device: torch.device, bf16: bool,
+                 *, objective: str = "grpo", batch_size: int | None = None, total_steps: int | None = None):
         import deepspeed
 
+        if objective not in ("grpo", "sft"):
+            raise ValueError(f"unknown objective {objective!r}")
         self.cfg, self.roles, self.device, self.bf16 = cfg, roles, device, bf16
+        self.objective = objective
         self.hf_config = AutoConfig.from_pretrained(model_path)
         self.hf_config._attn_implementation = cfg.model.attn_implementation
         check_stages_vs_layers(self.hf_config.num_hidden_layers, roles.num_stages)
-        self.per_replica = cfg.optim.rollout_batch_size // roles.num_replicas
+        self.per_replica = (batch_size or cfg.optim.rollout_batch_size) // roles.num_replicas
         self.gas = self.per_replica // cfg.optim.train_micro_batch_size
         self.use_ref = cfg.grpo.kl_coef > 0 or cfg.grpo.old_logprobs == "reference"
 
@@ -77,7 +88,7 @@ class PolicyTrainer:
         o = cfg.optim
         optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                       weight_decay=o.weight_decay, fused=device.type == "cuda")
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total_steps))
         self.engine, _, _, _ = deepspeed.initialize(
             model=module, optimizer=optimizer, lr_scheduler=scheduler,
             config=deepspeed_config(cfg, bf16=bf16, gradient_accumulation_steps=self.gas))
@@ -89,6 +100,13 @@ class PolicyTrainer:
     def _loss_fn(self, outputs, labels):
         logp, entropy = outputs
         mask, adv, raw, old, ref, _ = labels
+        if self.objective == "sft":
+            # Token-level mean NLL over the whole batch: each micro-batch contributes its token sum
+            # divided by the batch's token count, times GAS because DeepSpeed divides by GAS.
+            loss = -(logp * mask).sum() * self.gas / self._num_tokens_total
+            self.module.set_metrics({k: torch.zeros((), device=logp.device) for k in METRIC_KEYS}
+                                    | {"entropy": grpo.masked_mean(entropy.detach().float(), mask).reshape(())})
+            return loss
         g = self.cfg.grpo
         if g.old_logprobs == "reference":
             old = ref
@@ -121,7 +139,8 @@ class PolicyTrainer:
         full = {
             "input_ids": batch["input_ids"][rows], "attention_mask": batch["attention_mask"][rows],
             "response_mask": batch["response_mask"][rows].float(),
-            "advantages": batch["advantages"][rows].float(), "raw_rewards": batch["raw_rewards"][rows].float(),
+            "advantages": batch["advantages"][rows].float() if "advantages" in batch else zeros[:, 0],
+            "raw_rewards": batch["raw_rewards"][rows].float() if "raw_rewards" in batch else zeros[:, 0],
             "old_logprobs": batch["old_logprobs"][rows] if "old_logprobs" in batch else zeros,
             "ref_logprobs": batch["ref_logprobs"][rows] if "ref_logprobs" in batch else zeros,
         }

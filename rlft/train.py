@@ -166,7 +166,7 @@ def rollout_metrics(rollout, grades: list[dict], batch: dict, reward_stats: dict
     }
     for k, v in reward_stats.items():
         if isinstance(v, (int, float)) or (torch.is_tensor(v) and v.numel() == 1):
-            out[f"advantage_stats/{k}"] = float(v)
+            out[f"batch/{k}"] = float(v)
     return out
 
 

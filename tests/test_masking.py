@@ -1,0 +1,269 @@
+"""Rollout batch building: padding layouts, labels and the response mask, checked by hand."""
+
+import random
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
+from rlft.masking import (
+    build_rollout_batch,
+    split_micro_batches,
+    tokenize_prompt_and_output,
+    trim_padding,
+)
+
+PAD, BOS, EOS = 0, 1, 2
+VOCAB = {
+    "<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "what": 4, "is": 5, "two": 6, "plus": 7,
+    "three": 8, "?": 9, "<answer>": 10, "</answer>": 11, "five": 12, "four": 13,
+}
+
+
+def make_tokenizer(with_pad: bool = True) -> PreTrainedTokenizerFast:
+    """Word-level tokenizer that prepends <s> when add_special_tokens is on (like Llama's)."""
+    tok = Tokenizer(models.WordLevel(VOCAB, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", BOS)]
+    )
+    special = dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    if with_pad:
+        special["pad_token"] = "<pad>"
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **special)
+
+
+def as_lists(batch):
+    return {k: v.tolist() for k, v in batch.items()}
+
+
+# ------------------------------------------------------------------ build_rollout_batch
+
+
+def test_right_padding_prompts_of_different_lengths():
+    b = build_rollout_batch(
+        [[5, 6, 7], [8]], [[9, 10], [11, 12, 13]], pad_token_id=PAD, eos_token_id=EOS,
+        bos_token_id=BOS,
+    )
+    out = as_lists(b)
+    # row 0 = 3 prompt + 2 response = 5; row 1 = 1 + 3 = 4 → T = 5
+    assert out["input_ids"] == [[5, 6, 7, 9, 10], [8, 11, 12, 13, PAD]]
+    assert out["attention_mask"] == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    assert out["labels"] == [[6, 7, 9, 10], [11, 12, 13, PAD]]
+    # response tokens sit at positions 3,4 (row 0) and 1,2,3 (row 1); label t predicts token t+1
+    assert out["response_mask"] == [[0, 0, 1, 1], [1, 1, 1, 0]]
+    assert out["prompt_lengths"] == [3, 1]
+    assert out["response_lengths"] == [2, 3]
+    assert b["input_ids"].dtype == torch.long and b["attention_mask"].dtype == torch.long
+    assert b["labels"].dtype == torch.long and b["response_mask"].dtype == torch.float32
+
+
+def test_left_padding_aligns_responses_after_the_longest_prompt():
+    out = as_lists(
+        build_rollout_batch(
+            [[5, 6, 7], [8]], [[9, 10], [11, 12, 13]], pad_token_id=PAD, eos_token_id=EOS,
+            bos_token_id=BOS, padding_side="left",
+        )
+    )
+    # longest prompt 3, longest response 3 → T = 6; every response starts at column 3
+    assert out["input_ids"] == [[5, 6, 7, 9, 10, PAD], [PAD, PAD, 8, 11, 12, 13]]
+    assert out["attention_mask"] == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
+    assert out["labels"] == [[6, 7, 9, 10, PAD], [PAD, 8, 11, 12, 13]]
+    # tokens 3.. are responses → label columns 2..
+    assert out["response_mask"] == [[0, 0, 1, 1, 0], [0, 0, 1, 1, 1]]
+    assert out["prompt_lengths"] == [3, 1]
+    assert out["response_lengths"] == [2, 3]
+
+
+def test_pad_equal_to_eos_is_decided_by_attention_not_id():
+    # pad id == eos id == 2; row 0's response ends with a real eos, row 1 is padded with 2s
+    prompts, responses = [[5, 6], [7]], [[9, EOS], [10]]
+    out = as_lists(build_rollout_batch(prompts, responses, pad_token_id=EOS, eos_token_id=EOS))
+    assert out["input_ids"] == [[5, 6, 9, EOS], [7, 10, EOS, EOS]]
+    # the trailing 2 of row 0 is a real token, the two 2s of row 1 are padding
+    assert out["attention_mask"] == [[1, 1, 1, 1], [1, 1, 0, 0]]
+    assert out["labels"] == [[6, 9, EOS], [10, EOS, EOS]]
+    # row 0: response = positions 2,3 → labels 1,2, but label 2 is eos → excluded
+    assert out["response_mask"] == [[0, 1, 0], [1, 0, 0]]
+    assert out["response_lengths"] == [2, 1]
+    # eos_token_id=None keeps the real eos in the mask; the padding 2s stay out regardless
+    out = as_lists(build_rollout_batch(prompts, responses, pad_token_id=EOS, eos_token_id=None))
+    assert out["response_mask"] == [[0, 1, 1], [1, 0, 0]]
+
+
+def test_bos_and_eos_inside_response_are_excluded():
+    # prompt [<s>, 5]; response [6, <s>, 7, </s>]
+    out = as_lists(
+        build_rollout_batch([[BOS, 5]], [[6, BOS, 7, EOS]], pad_token_id=PAD, eos_token_id=EOS,
+                            bos_token_id=BOS)
+    )
+    assert out["input_ids"] == [[BOS, 5, 6, BOS, 7, EOS]]
+    assert out["labels"] == [[5, 6, BOS, 7, EOS]]
+    # response positions 2..5 → labels 1..4 minus the bos (label 2) and eos (label 4)
+    assert out["response_mask"] == [[0, 1, 0, 1, 0]]
+    # the prompt's own bos is never in the mask anyway
+    assert out["prompt_lengths"] == [2] and out["response_lengths"] == [4]
+
+
+def test_pad_to_multiple_and_empty_response():
+    out = as_lists(
+        build_rollout_batch([[5, 6, 7], [8]], [[9, 10], []], pad_token_id=PAD, pad_to_multiple_of=4)
+    )
+    # natural T = 5 → 8; row 1 has no response at all
+    assert out["input_ids"] == [[5, 6, 7, 9, 10, 0, 0, 0], [8, 0, 0, 0, 0, 0, 0, 0]]
+    assert out["attention_mask"] == [[1, 1, 1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0]]
+    assert out["response_mask"] == [[0, 0, 1, 1, 0, 0, 0], [0] * 7]
+    assert out["response_lengths"] == [2, 0]
+
+
+def test_build_accepts_tensors_and_rejects_bad_input():
+    out = build_rollout_batch([torch.tensor([5, 6])], [torch.tensor([7])], pad_token_id=PAD)
+    assert out["input_ids"].tolist() == [[5, 6, 7]]
+    with pytest.raises(ValueError, match="2 prompts but 1 responses"):
+        build_rollout_batch([[5], [6]], [[7]], pad_token_id=PAD)
+    with pytest.raises(ValueError, match=r"prompt_ids\[1\] is empty"):
+        build_rollout_batch([[5], []], [[7], [8]], pad_token_id=PAD)
+    with pytest.raises(ValueError, match="padding_side"):
+        build_rollout_batch([[5]], [[7]], pad_token_id=PAD, padding_side="center")
+    with pytest.raises(ValueError, match="zero prompts"):
+        build_rollout_batch([], [], pad_token_id=PAD)
+    with pytest.raises(ValueError, match="pad_to_multiple_of"):
+        build_rollout_batch([[5]], [[7]], pad_token_id=PAD, pad_to_multiple_of=0)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_mask_selects_exactly_the_response_tokens_randomised(side):
+    # Independent check: reading labels through the mask must give back each response with
+    # eos/bos removed, in order; and labels must be input_ids shifted by one.
+    rng = random.Random(0)
+    for _ in range(20):
+        n = rng.randint(1, 5)
+        prompts = [[rng.randint(0, 9) for _ in range(rng.randint(1, 6))] for _ in range(n)]
+        responses = [[rng.randint(0, 9) for _ in range(rng.randint(0, 6))] for _ in range(n)]
+        b = build_rollout_batch(
+            prompts, responses, pad_token_id=0, eos_token_id=EOS, bos_token_id=BOS,
+            padding_side=side, pad_to_multiple_of=rng.choice([None, 4]),
+        )
+        assert torch.equal(b["labels"], b["input_ids"][:, 1:])
+        for i in range(n):
+            picked = b["labels"][i][b["response_mask"][i].bool()].tolist()
+            assert picked == [t for t in responses[i] if t not in (EOS, BOS)]
+            assert b["attention_mask"][i].sum().item() == len(prompts[i]) + len(responses[i])
+
+
+# ------------------------------------------------------------------ tokenize_prompt_and_output
+
+
+def test_tokenize_prompt_and_output_right():
+    tok = make_tokenizer()
+    out = as_lists(
+        tokenize_prompt_and_output(
+            ["what is two plus three ?", "two plus two"],
+            ["<answer> five </answer> </s>", "four"],
+            tok,
+        )
+    )
+    # prompts get <s> (default add_special_tokens): [1,4,5,6,7,8,9] (7 tokens), [1,6,7,6] (4)
+    # outputs get none: [10,12,11,2] (4), [13] (1) → T = 11
+    assert out["input_ids"] == [
+        [1, 4, 5, 6, 7, 8, 9, 10, 12, 11, 2],
+        [1, 6, 7, 6, 13, 0, 0, 0, 0, 0, 0],
+    ]
+    assert out["attention_mask"] == [[1] * 11, [1] * 5 + [0] * 6]
+    assert out["prompt_lengths"] == [7, 4]
+    assert out["response_lengths"] == [4, 1]
+    # row 0: response at positions 7..10 → labels 6..9, the eos (label 9) excluded
+    # row 1: response at position 4 → label 3
+    assert out["response_mask"] == [
+        [0, 0, 0, 0, 0, 0, 1, 1, 1, 0],
+        [0, 0, 0, 1, 0, 0, 0, 0, 0, 0],
+    ]
+
+
+def test_tokenize_prompt_and_output_left_and_pad_falls_back_to_eos():
+    tok = make_tokenizer(with_pad=False)
+    assert tok.pad_token_id is None
+    out = as_lists(
+        tokenize_prompt_and_output(
+            ["what is two plus three ?", "two plus two"],
+            ["<answer> five </answer> </s>", "four"],
+            tok,
+            padding_side="left",
+        )
+    )
+    # pad = eos = 2; prompts left-padded to 7, responses right-padded to 4 → T = 11
+    assert out["input_ids"] == [
+        [1, 4, 5, 6, 7, 8, 9, 10, 12, 11, 2],
+        [2, 2, 2, 1, 6, 7, 6, 13, 2, 2, 2],
+    ]
+    assert out["attention_mask"] == [[1] * 11, [0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0]]
+    assert out["prompt_lengths"] == [7, 4]
+    # every response starts at column 7 → label 6
+    assert out["response_mask"] == [
+        [0, 0, 0, 0, 0, 0, 1, 1, 1, 0],
+        [0, 0, 0, 0, 0, 0, 1, 0, 0, 0],
+    ]
+
+
+def test_tokenize_rejects_mismatched_lists():
+    with pytest.raises(ValueError, match="2 prompts but 1 outputs"):
+        tokenize_prompt_and_output(["two", "two"], ["four"], make_tokenizer())
+
+
+# ------------------------------------------------------------------ micro-batches and trimming
+
+
+def _left_batch():
+    b = build_rollout_batch(
+        [[5, 6, 7], [8], [4, 4]], [[9, 10], [11, 12, 13], [5]], pad_token_id=PAD,
+        padding_side="left",
+    )
+    b["advantages"] = torch.tensor([0.5, -0.5, 1.0])
+    b["old_log_probs"] = torch.arange(15, dtype=torch.float32).view(3, 5)  # [B, T-1]
+    b["step"] = 7
+    return b
+
+
+def test_split_micro_batches():
+    b = _left_batch()
+    parts = split_micro_batches(b, 2)
+    assert [p["input_ids"].shape[0] for p in parts] == [2, 1]
+    assert parts[1]["input_ids"].tolist() == [[PAD, 4, 4, 5, PAD, PAD]]
+    assert parts[0]["advantages"].tolist() == [0.5, -0.5]
+    assert parts[1]["old_log_probs"].tolist() == [[10.0, 11.0, 12.0, 13.0, 14.0]]
+    assert parts[0]["step"] == 7 and parts[1]["step"] == 7
+    # concatenating the parts gives the batch back
+    for key in ("input_ids", "attention_mask", "labels", "response_mask", "prompt_lengths"):
+        assert torch.equal(torch.cat([p[key] for p in parts]), b[key])
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        split_micro_batches(b, 0)
+    b["bad"] = torch.zeros(2)
+    with pytest.raises(ValueError, match=r"batch\['bad'\] has 2 rows but the batch has 3"):
+        split_micro_batches(b, 1)
+
+
+def test_trim_padding_keeps_token_and_label_columns_aligned():
+    parts = split_micro_batches(_left_batch(), 1)
+    # row 0 alone: [5,6,7,9,10,pad] → trailing pad column dropped
+    t0 = trim_padding(parts[0])
+    assert t0["input_ids"].tolist() == [[5, 6, 7, 9, 10]]
+    assert t0["labels"].tolist() == [[6, 7, 9, 10]]
+    assert t0["response_mask"].tolist() == [[0, 0, 1, 1]]
+    assert t0["old_log_probs"].tolist() == [[0.0, 1.0, 2.0, 3.0]]
+    # row 1 alone: [pad,pad,8,11,12,13] → two leading columns dropped
+    t1 = trim_padding(parts[1])
+    assert t1["input_ids"].tolist() == [[8, 11, 12, 13]]
+    assert t1["attention_mask"].tolist() == [[1, 1, 1, 1]]
+    assert t1["labels"].tolist() == [[11, 12, 13]]
+    assert t1["response_mask"].tolist() == [[1, 1, 1]]
+    assert t1["old_log_probs"].tolist() == [[7.0, 8.0, 9.0]]  # columns 2..4 of [5..9]
+    assert t1["advantages"].tolist() == [-0.5] and t1["step"] == 7
+    # row 2 alone: [pad,4,4,5,pad,pad] → [4,4,5]; to a multiple of 2 → widen into the right
+    # padding
+    t2 = trim_padding(parts[2], pad_to_multiple_of=2)
+    assert t2["input_ids"].tolist() == [[4, 4, 5, PAD]]
+    assert t2["labels"].tolist() == [[4, 5, PAD]]
+    assert t2["response_mask"].tolist() == [[0, 1, 0]]
+    with pytest.raises(ValueError, match="attention_mask"):
+        trim_padding({"input_ids": torch.zeros(1, 2)})
