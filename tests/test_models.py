@@ -1,0 +1,239 @@
+"""Model spec resolution, GGUF conversion and the tiny test models."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rlft.models import (
+    DEFAULT_MODEL,
+    ModelPathError,
+    convert_gguf,
+    file_sha256,
+    load_causal_lm,
+    load_hf_config,
+    load_tokenizer,
+    resolve_model_path,
+    tiny_model_dir,
+)
+
+SAMPLE = "User: What is 6*7?\nAssistant: <think> 6*7 = 42 </think> <answer> 42 </answer>"
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> str:
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny") / "llama", family="llama", num_layers=2)
+
+
+# ----------------------------------------------------------------------------- resolving specs
+
+
+def test_missing_path_is_a_clear_error(tmp_path):
+    missing = tmp_path / "no_such_model"
+    with pytest.raises(ModelPathError, match=f"model path {missing} does not exist"):
+        resolve_model_path(str(missing))
+    with pytest.raises(ModelPathError, match="does not exist"):
+        resolve_model_path("not-a-hub-id")
+    with pytest.raises(ModelPathError, match="does not exist"):
+        resolve_model_path(str(tmp_path / "model.gguf"))
+    assert issubclass(ModelPathError, ValueError)
+
+
+def test_hub_ids_pass_through():
+    assert resolve_model_path("Qwen/Qwen2.5-Math-1.5B") == "Qwen/Qwen2.5-Math-1.5B"
+
+
+def test_directory_without_weights(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelPathError, match=rf"{tmp_path} .*missing weights"):
+        resolve_model_path(str(tmp_path))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelPathError, match="missing config.json and weights"):
+        resolve_model_path(str(empty))
+    # A plain file that is not a GGUF.
+    with pytest.raises(ModelPathError, match="not a .gguf"):
+        resolve_model_path(str(tmp_path / "config.json"))
+
+
+# ----------------------------------------------------------------------------- tiny models
+
+
+def test_tiny_model_round_trip(tiny_llama):
+    from transformers import AutoModelForCausalLM
+
+    assert resolve_model_path(tiny_llama) == tiny_llama
+    config = load_hf_config(tiny_llama)
+    assert (config.model_type, config.hidden_size, config.num_hidden_layers) == ("llama", 128, 2)
+    assert config.hidden_size // config.num_attention_heads == 64
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    assert model.config.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+    tok = load_tokenizer(tiny_llama, padding_side="left")
+    ids = tok(SAMPLE)["input_ids"]
+    assert tok.decode(ids) == SAMPLE
+    assert max(ids) < config.vocab_size
+    # The tags are learned merges, and digits are one token each.
+    pieces = [tok.decode([i]) for i in tok(" <answer> 42 </answer>")["input_ids"]]
+    assert pieces == [" <", "answer", ">", " ", "4", "2", " </", "answer", ">"]
+    assert tok.pad_token == tok.eos_token == "<|endoftext|>" and tok.padding_side == "left"
+
+    batch = tok(["1 2 3", SAMPLE], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        logits = model(**batch).logits
+    assert logits.shape == (2, batch["input_ids"].shape[1], config.vocab_size)
+    assert batch["attention_mask"][0, 0] == 0   # left padded
+
+
+def test_tiny_model_is_deterministic_per_seed(tmp_path):
+    a = load_causal_lm(tiny_model_dir(tmp_path / "a", num_layers=1, seed=5), dtype="fp32")
+    b = load_causal_lm(tiny_model_dir(tmp_path / "b", num_layers=1, seed=5), dtype="fp32")
+    c = load_causal_lm(tiny_model_dir(tmp_path / "c", num_layers=1, seed=6), dtype="fp32")
+    wa, wb, wc = (m.model.layers[0].self_attn.q_proj.weight for m in (a, b, c))
+    assert torch.equal(wa, wb) and not torch.equal(wa, wc)
+    bf16 = load_causal_lm(str(tmp_path / "a"), dtype="bf16", attn_implementation="eager")
+    assert bf16.dtype == torch.bfloat16 and bf16.config._attn_implementation == "eager"
+
+
+def test_tiny_qwen2_has_attention_biases(tmp_path):
+    path = tiny_model_dir(tmp_path / "qwen", family="qwen2", tie_word_embeddings=False,
+                          num_layers=1, num_kv_heads=2)
+    model = load_causal_lm(path)
+    assert model.config.model_type == "qwen2" and not model.config.tie_word_embeddings
+    assert model.model.layers[0].self_attn.q_proj.bias.abs().sum() > 0
+    assert model.model.layers[0].self_attn.k_proj.weight.shape == (128, 128)  # 2 kv heads x 64
+    with pytest.raises(ValueError, match="head_dim must be 64"):
+        tiny_model_dir(tmp_path / "bad", hidden_size=96)
+    with pytest.raises(ValueError, match="family"):
+        tiny_model_dir(tmp_path / "bad", family="gpt2")
+
+
+def test_unknown_dtype(tiny_llama):
+    with pytest.raises(ValueError, match="unknown dtype"):
+        load_causal_lm(tiny_llama, dtype="int3")
+
+
+# ----------------------------------------------------------------------------- GGUF conversion
+
+
+def _llama_cpp_permute(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert script reorders q/k rows from HF's rotate-half RoPE layout into
+    interleaved pairs; the reader must undo exactly this."""
+    return (weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:])
+            .swapaxes(1, 2).reshape(weight.shape))
+
+
+def write_llama_gguf(model_dir: Path, out: Path) -> None:
+    """Write an HF Llama directory as an F32 GGUF, the way llama.cpp's converter lays it out
+    (tensor names, q/k permutation, gpt2-style tokenizer; no pad token id, to exercise the
+    converter's pad fallback)."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    state = load_file(str(model_dir / "model.safetensors"))
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+
+    writer = gguf.GGUFWriter(str(out), "llama")
+    writer.add_name("tiny llama")
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_kv)
+    writer.add_rope_dimension_count(cfg["hidden_size"] // n_head)
+    writer.add_rope_freq_base(cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"])
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+
+    vocab = tok["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get)
+    specials = {t["content"] for t in tok["added_tokens"]}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL
+                            for t in tokens])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    writer.add_bos_token_id(cfg["bos_token_id"])
+    writer.add_eos_token_id(cfg["eos_token_id"])
+
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    parts = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down"}
+    for i in range(cfg["num_hidden_layers"]):
+        for hf, gg in parts.items():
+            names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{gg}.weight"
+    for hf_name, array in state.items():
+        if ".q_proj." in hf_name:
+            array = _llama_cpp_permute(array, n_head)
+        elif ".k_proj." in hf_name:
+            array = _llama_cpp_permute(array, n_kv)
+        writer.add_tensor(names[hf_name], np.ascontiguousarray(array, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_conversion_round_trip(tmp_path):
+    source = Path(tiny_model_dir(tmp_path / "src", family="llama", num_layers=2, num_kv_heads=1,
+                                 seed=3))
+    gguf_file = tmp_path / "tiny.gguf"
+    write_llama_gguf(source, gguf_file)
+    cache = tmp_path / "cache"
+
+    converted = resolve_model_path(str(gguf_file), cache_dir=cache)
+    digest = file_sha256(gguf_file, cache)
+    assert Path(converted) == cache / f"gguf-{digest[:16]}-v1"
+    assert (Path(converted) / "model.safetensors").is_file()
+
+    original = load_causal_lm(str(source), dtype="fp32")
+    restored = load_causal_lm(converted, dtype="fp32")
+    a, b = original.state_dict(), restored.state_dict()
+    assert sorted(a) == sorted(b)
+    for name in a:   # F32 GGUF: the round trip must be exact, q/k permutation included
+        assert torch.equal(a[name], b[name]), name
+    ids = torch.tensor([[5, 17, 42, 99, 7]])
+    with torch.no_grad():
+        assert torch.equal(original(ids).logits, restored(ids).logits)
+
+    tok_src, tok_conv = load_tokenizer(str(source)), load_tokenizer(converted)
+    assert tok_conv(SAMPLE)["input_ids"] == tok_src(SAMPLE)["input_ids"]
+    assert tok_conv.decode(tok_conv(SAMPLE)["input_ids"]) == SAMPLE
+    # The file has no pad token: the saved tokenizer uses eos.
+    assert tok_conv.pad_token == tok_conv.eos_token == "<|endoftext|>"
+
+    # Cached: the hash index remembers the file, and a second call reuses the directory.
+    index = json.loads((cache / "hashes.json").read_text())
+    assert list(index.values()) == [digest]
+    stamp = os.stat(Path(converted) / "model.safetensors").st_mtime_ns
+    assert convert_gguf(gguf_file, cache) == converted
+    assert os.stat(Path(converted) / "model.safetensors").st_mtime_ns == stamp
+    assert not [p for p in cache.iterdir() if p.name.startswith(".gguf")]   # no temp dirs left
+
+
+@pytest.mark.skipif(os.environ.get("RLFT_SLOW") != "1", reason="set RLFT_SLOW=1 (converts 93 MB)")
+def test_default_model_converts_and_generates():
+    path = resolve_model_path(DEFAULT_MODEL)
+    config = load_hf_config(path)
+    assert (config.model_type, config.hidden_size, config.num_hidden_layers) == ("llama", 576, 30)
+    tok = load_tokenizer(path, padding_side="left")
+    # SmolLM2 splits digits one per token.
+    assert [tok.decode([i]) for i in tok(" 624")["input_ids"]] == [" ", "6", "2", "4"]
+    model = load_causal_lm(path, dtype="fp32")
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+    ids = ids if torch.is_tensor(ids) else ids["input_ids"]
+    out = model.generate(ids, max_new_tokens=12, do_sample=False)
+    assert "Paris" in tok.decode(out[0, ids.shape[1]:])
