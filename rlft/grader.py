@@ -1,0 +1,681 @@
+"""Reward for the R1-Zero output contract: ``<think> ... </think> <answer> ... </answer>``.
+
+The prompt ends with ``Assistant: <think>``, so a response starts inside the thinking block.
+A response earns reward 1 only when it closes the thinking block with ``</think> <answer>``,
+closes the answer with ``</answer>``, and the answer equals the ground truth:
+
+>>> r1_zero_reward_fn("2 + 2 = 4 </think> <answer> 4 </answer>", "4")
+{'format_reward': 1.0, 'answer_reward': 1.0, 'reward': 1.0}
+
+Answer equivalence is decided in two tiers:
+
+1. **Exact numbers, in this process.** GSM8K-style answers (``$1,000.00``, ``18 dollars``,
+   ``\\boxed{18}``, ``25%``) are normalised and compared as exact rationals (``Decimal`` ->
+   ``Fraction``; never floats, so 20-digit integers compare exactly). This decides almost every
+   GSM8K answer in microseconds.
+2. **Symbolic, in a worker process.** Otherwise (``\\frac{1}{2}`` against ``0.5``), the answer
+   goes to ``math_verify`` in a long-lived child process (:mod:`rlft._grader_worker`). sympy can
+   run for minutes on hostile input and ignores signals inside C loops, so each check gets a
+   deadline and a worker that passes it is killed and replaced.
+
+Model text is never evaluated as code: the symbolic path uses only math_verify's LaTeX grammar
+(never ``sympy.parse_expr``/``sympify``, which call ``eval``), and text that looks like code,
+is over-long, nests deeply or builds power towers is rejected before any parsing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from multiprocessing.connection import wait as wait_for_readable
+from pathlib import Path
+from typing import Sequence, Union
+
+from rlft._grader_worker import MAX_SYMBOLIC_CHARS, is_safe_for_symbolic
+
+GroundTruth = Union[str, int, float, Sequence[Union[str, int, float]]]
+
+DEFAULT_TIMEOUT_PER_ITEM = 1.0  # seconds one symbolic check may take before its worker is killed
+DEFAULT_START_TIMEOUT = 60.0  # seconds a new worker may take to import sympy and report ready
+MAX_ANSWER_CHARS = MAX_SYMBOLIC_CHARS  # longer answers are wrong without further checks
+_FAILED_STARTS_BEFORE_ERROR = 3
+
+THINK_ANSWER_SEPARATOR = "</think> <answer>"
+ANSWER_OPEN = "<answer>"
+ANSWER_CLOSE = "</answer>"
+
+
+def _reward(format_ok: bool, correct: bool) -> dict[str, float]:
+    fmt = 1.0 if format_ok else 0.0
+    ans = 1.0 if (format_ok and correct) else 0.0
+    return {"format_reward": fmt, "answer_reward": ans, "reward": ans}
+
+
+FORMAT_ERROR = _reward(False, False)
+WRONG_ANSWER = _reward(True, False)
+RIGHT_ANSWER = _reward(True, True)
+
+
+# --------------------------------------------------------------------------- answer extraction
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced.
+
+    ``\\boxed 18`` (no braces) yields ``"18"``. Returns None when there is no box or its braces
+    never close.
+    """
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    rest = text[start + (6 if text.startswith("\\boxed", start) else 5):]
+    if not rest.lstrip().startswith("{"):
+        if rest.startswith(" "):  # "\boxed 18$" form: up to the closing dollar
+            return rest.split("$")[0].strip()
+        return None
+    rest = rest.lstrip()
+    depth = 0
+    for i, ch in enumerate(rest):
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return rest[1:i]
+    return None
+
+
+def _split_response(response: str) -> tuple[bool, str | None]:
+    """(format valid?, answer text or None). The answer is None when the box is unbalanced."""
+    if THINK_ANSWER_SEPARATOR not in response or ANSWER_CLOSE not in response:
+        return False, None
+    answer = response.split(ANSWER_OPEN)[-1].replace(ANSWER_CLOSE, "")
+    if "\\boxed" in answer:
+        answer = extract_boxed(answer)
+    return True, answer
+
+
+def extract_answer_text(response: str) -> str | None:
+    """The final answer of an R1-Zero response, or None when the format is broken.
+
+    The answer is the text after the last ``<answer>`` with ``</answer>`` removed, reduced to the
+    content of its last ``\\boxed{}`` when it has one. None when ``"</think> <answer>"`` or
+    ``"</answer>"`` is missing, or a ``\\boxed{`` never closes.
+    """
+    if not isinstance(response, str):
+        raise TypeError(f"response must be a str, got {type(response).__name__}")
+    return _split_response(response)[1]
+
+
+# --------------------------------------------------------------------------- number normalisation
+
+_TEXT_COMMAND = re.compile(
+    r"\\(?:text|textbf|textrm|textnormal|mathrm|mathbf|mbox)\s*\{([^{}]*)\}"
+)
+# Characters and LaTeX spacing/delimiter commands that carry no value in a numeric answer.
+_DROPPED = (
+    "\\$", "$", "\\(", "\\)", "\\[", "\\]", "\\!", "\\,", "\\;", "\\:", "\\ ", "~",
+    "€", "£", "¥", "₹",
+)
+_NUMBER = re.compile(
+    r"(?P<sign>[-+]?)\s*"
+    r"(?P<digits>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)\s*"
+    r"(?P<percent>%|percent\b|per\s?cent\b)?\s*"
+    # Trailing unit words ("18 dollars", "5 km/h", "3 sq. ft"): letters only, no digits, so
+    # "18 or 19" is not read as 18.
+    r"(?P<unit>[a-z][a-z .'/-]{0,39})?",
+    re.IGNORECASE,
+)
+
+
+def _parse_number(text: str) -> tuple[Decimal, bool] | None:
+    """(exact value, written as a percentage?) for a GSM8K-style number, else None."""
+    if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
+        return None
+    if "\\boxed" in text or "\\fbox" in text:
+        boxed = extract_boxed(text)
+        if boxed is None:
+            return None
+        text = boxed
+    for _ in range(3):  # \text{\textbf{18}} nests rarely and shallowly
+        text = _TEXT_COMMAND.sub(r"\1", text)
+    text = text.replace("\\%", "%").replace("{,}", ",").replace("\u2212", "-")
+    for token in _DROPPED:
+        text = text.replace(token, "")
+    text = text.strip().strip("*").strip()  # markdown bold
+    text = text.rstrip(". ").strip()  # "18." at the end of a sentence
+    match = _NUMBER.fullmatch(text)
+    if match is None:
+        return None
+    try:
+        value = Decimal(match["sign"] + match["digits"].replace(",", ""))
+    except InvalidOperation:
+        return None
+    return value, match["percent"] is not None
+
+
+def normalize_number(text: str) -> str | None:
+    """Canonical decimal string of a GSM8K-style number, or None when ``text`` is not one.
+
+    Strips ``$``, thousands commas, trailing zeros after the point, ``\\boxed{}``, ``\\text{}``,
+    surrounding spaces/periods/bold markers and trailing unit words; a percent sign is dropped
+    (``"25%"`` -> ``"25"``). Examples: ``"$1,000.00"`` -> ``"1000"``, ``"-3.50"`` -> ``"-3.5"``,
+    ``"\\boxed{18}"`` -> ``"18"``, ``"18 dollars"`` -> ``"18"``, ``"1/2"`` -> None.
+    """
+    parsed = _parse_number(text)
+    if parsed is None:
+        return None
+    value = parsed[0]
+    if value == 0:
+        return "0"
+    return format(value.normalize(), "f")
+
+
+def _number_values(text: str) -> set[Fraction] | None:
+    """Exact values ``text`` may denote: ``{v}``, plus ``v/100`` when written as a percentage.
+
+    Both readings of "25%" are accepted because GSM8K stores percentage answers as bare numbers
+    ("25") while other sources store fractions ("0.25").
+    """
+    parsed = _parse_number(text)
+    if parsed is None:
+        return None
+    value = Fraction(parsed[0])
+    return {value, value / 100} if parsed[1] else {value}
+
+
+def _ground_truth_texts(ground_truth: GroundTruth) -> list[str]:
+    """Ground truth as a non-empty list of strings (a list means: any of these is right)."""
+    items = list(ground_truth) if isinstance(ground_truth, (list, tuple)) else [ground_truth]
+    if not items:
+        raise ValueError("ground_truth is an empty list: give at least one accepted answer")
+    texts = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+            raise TypeError(
+                f"ground_truth must be a str, int, float or a list of them, got {type(item).__name__}"
+            )
+        texts.append(item if isinstance(item, str) else _number_text(item))
+    return texts
+
+
+def _number_text(value: int | float) -> str:
+    """Plain decimal text of a numeric ground truth: 1e20 -> "100000000000000000000"."""
+    if isinstance(value, float) and value == value and abs(value) != float("inf"):
+        return format(Decimal(repr(value)), "f")
+    return str(value)
+
+
+def _decide_in_process(answer: str, golds: list[str], fast: bool) -> tuple[bool | None, list[str]]:
+    """Exact-number verdict: (True/False, []) when decided, (None, golds left for math_verify)."""
+    mine = _number_values(answer)
+    undecided = []
+    for gold in golds:
+        theirs = _number_values(gold)
+        if theirs is None:
+            undecided.append(gold)
+        elif mine is not None and mine & theirs:
+            return True, []
+        elif mine is None or not fast:
+            undecided.append(gold)
+    if not undecided:
+        return False, []
+    return None, undecided
+
+
+# --------------------------------------------------------------------------- worker processes
+
+
+@dataclasses.dataclass
+class GradeStats:
+    """Counts of how items were graded (cumulative on ``Grader.stats``, per batch on
+    ``Grader.last_batch_stats``)."""
+
+    graded: int = 0  # items returned
+    in_process: int = 0  # decided by the format check or exact number comparison
+    symbolic: int = 0  # answered by math_verify in a worker
+    rejected: int = 0  # refused by the safety filter before parsing (scored wrong)
+    timed_out: int = 0  # worker killed at the per-item deadline (scored wrong)
+    crashed: int = 0  # worker died during the check (scored wrong)
+    unfinished: int = 0  # not graded by the batch deadline (all-zero reward)
+    workers_started: int = 0
+
+    def add(self, other: "GradeStats") -> None:
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+class _Worker:
+    """One ``python -m rlft._grader_worker`` child and its line-based JSON channel."""
+
+    def __init__(self, env: dict[str, str]):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rlft._grader_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        self.started_at = time.monotonic()
+        self.ready = False
+        self.checks_done = 0
+        # (item key, request id, deadline) of the check in flight, or None when idle
+        self.task: tuple[int, int, float] | None = None
+        self._buffer = b""
+
+    def fileno(self) -> int:
+        return self.proc.stdout.fileno()
+
+    def send(self, message: dict) -> bool:
+        """Write one request; False when the worker has gone."""
+        try:
+            self.proc.stdin.write(json.dumps(message).encode("ascii") + b"\n")
+            self.proc.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError, ValueError):
+            return False
+
+    def receive(self) -> list[dict] | None:
+        """Messages now readable (call after the fd polled readable); None at end of stream."""
+        chunk = os.read(self.fileno(), 1 << 16)
+        if not chunk:
+            return None
+        self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        try:
+            return [json.loads(line) for line in lines if line.strip()]
+        except ValueError:
+            return None  # garbled channel: treat the worker as dead
+
+    def close_input(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self._reap(timeout=5.0)
+
+    def _reap(self, timeout: float) -> None:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.close_input()
+        self.proc.stdout.close()
+
+
+def _stop_workers(workers: list[_Worker], grace: float = 2.0) -> None:
+    """Stop workers: idle ones exit at end of input (waited for up to ``grace`` s); ones still
+    starting or mid-check have nothing worth finishing and are killed at once."""
+    for worker in workers:
+        if worker.ready and worker.task is None:
+            worker.close_input()
+        elif worker.proc.poll() is None:
+            worker.proc.kill()
+    deadline = time.monotonic() + grace
+    for worker in workers:
+        try:
+            worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        worker.kill()
+    workers.clear()
+
+
+def _worker_env() -> dict[str, str]:
+    """Environment for a worker: the parent's, with this package importable."""
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+# --------------------------------------------------------------------------- the grader
+
+
+class Grader:
+    """Grades responses, owning a small pool of symbolic-check worker processes.
+
+    Workers start lazily (only when an answer needs math_verify) and are reused across calls;
+    each holds only sympy and math_verify (~100 MB). Use as a context manager or call
+    :meth:`close`; a closed grader restarts workers if used again.
+
+    Args:
+        workers: most worker processes (default ``min(4, cpu_count)``).
+        timeout_per_item: default seconds per symbolic check before its worker is killed.
+        start_timeout: seconds a new worker may take to start before it counts as failed.
+        max_checks_per_worker: a worker is retired after this many checks, bounding sympy's
+            cache growth.
+    """
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        *,
+        timeout_per_item: float = DEFAULT_TIMEOUT_PER_ITEM,
+        start_timeout: float = DEFAULT_START_TIMEOUT,
+        max_checks_per_worker: int = 1000,
+    ):
+        self.max_workers = (
+            min(4, os.cpu_count() or 1) if workers is None else _positive_int(workers, "workers")
+        )
+        self.timeout_per_item = _positive_float(timeout_per_item, "timeout_per_item")
+        self.start_timeout = _positive_float(start_timeout, "start_timeout")
+        self.max_checks_per_worker = _positive_int(max_checks_per_worker, "max_checks_per_worker")
+        self.stats = GradeStats()
+        self.last_batch_stats = GradeStats()
+        self._workers: list[_Worker] = []
+        self._env = _worker_env()
+        self._lock = threading.Lock()
+        self._next_request_id = 0
+        self._failed_starts = 0
+        self._finalizer = weakref.finalize(self, _stop_workers, self._workers)
+
+    # ---- lifecycle
+
+    def __enter__(self) -> "Grader":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop all worker processes."""
+        with self._lock:
+            _stop_workers(self._workers)
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes alive now (started or starting)."""
+        return len(self._workers)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live worker processes."""
+        return [w.proc.pid for w in self._workers]
+
+    def start(self, workers: int | None = None) -> None:
+        """Return once ``workers`` (default ``max_workers``) worker processes are ready, starting
+        them as needed, so the first symbolic check does not pay the ~1.5 s sympy import."""
+        wanted = self.max_workers if workers is None else _positive_int(workers, "workers")
+        with self._lock:
+            stats = GradeStats()
+            try:
+                while sum(1 for w in self._workers if w.ready) < wanted:
+                    while len(self._workers) < wanted:
+                        self._spawn(stats)
+                    self._pump(stats, deadline=None)
+            finally:
+                self.stats.add(stats)
+
+    # ---- grading
+
+    def grade(
+        self, response: str, ground_truth: GroundTruth, fast: bool = True, timeout: float | None = None
+    ) -> dict[str, float]:
+        """Reward dict for one response; see :func:`r1_zero_reward_fn`."""
+        return self.grade_batch([response], [ground_truth], fast=fast, timeout_per_item=timeout)[0]
+
+    def grade_batch(
+        self,
+        responses: Sequence[str],
+        ground_truths: Sequence[GroundTruth],
+        *,
+        fast: bool = True,
+        timeout_per_item: float | None = None,
+        total_timeout: float | None = None,
+        workers: int | None = None,
+    ) -> list[dict[str, float]]:
+        """Reward dicts for a rollout, ``[len(responses)]``, symbolic checks run in parallel.
+
+        Each symbolic check is bounded by ``timeout_per_item`` (scored wrong when exceeded).
+        With ``total_timeout``, items still ungraded when it expires get an all-zero reward and
+        are counted in ``last_batch_stats.unfinished``; without it the batch is still bounded, by
+        worker start-up plus the per-item bound for each round of checks. ``workers`` caps the
+        worker processes this batch uses (default ``max_workers``).
+        """
+        if len(responses) != len(ground_truths):
+            raise ValueError(
+                f"got {len(responses)} responses but {len(ground_truths)} ground truths"
+            )
+        per_item = self.timeout_per_item if timeout_per_item is None else _positive_float(
+            timeout_per_item, "timeout_per_item")
+        deadline = None if total_timeout is None else time.monotonic() + _positive_float(
+            total_timeout, "total_timeout")
+        limit = self.max_workers if workers is None else _positive_int(workers, "workers")
+
+        stats = GradeStats(graded=len(responses))
+        results: list[dict[str, float] | None] = [None] * len(responses)
+        jobs: list[tuple[int, str, list[str]]] = []
+        for i, (response, ground_truth) in enumerate(zip(responses, ground_truths)):
+            if not isinstance(response, str):
+                raise TypeError(f"responses[{i}] must be a str, got {type(response).__name__}")
+            golds = _ground_truth_texts(ground_truth)
+            format_ok, answer = _split_response(response)
+            if not format_ok:
+                results[i], stats.in_process = FORMAT_ERROR, stats.in_process + 1
+                continue
+            if answer is None or not answer.strip() or len(answer) > MAX_ANSWER_CHARS:
+                results[i], stats.in_process = WRONG_ANSWER, stats.in_process + 1
+                continue
+            verdict, undecided = _decide_in_process(answer, golds, fast)
+            if verdict is not None:
+                results[i], stats.in_process = _reward(True, verdict), stats.in_process + 1
+            elif not is_safe_for_symbolic(answer):
+                results[i], stats.rejected = WRONG_ANSWER, stats.rejected + 1
+            else:
+                jobs.append((i, answer.strip(), undecided))
+
+        with self._lock:  # one batch at a time owns the workers and the counters
+            try:
+                if jobs:
+                    outcomes = self._check_symbolic(jobs, per_item, deadline, limit, stats)
+                    for i, outcome in outcomes.items():
+                        results[i] = FORMAT_ERROR if outcome is None else _reward(True, outcome)
+            finally:
+                self.last_batch_stats = stats
+                self.stats.add(stats)
+        return [dict(r) for r in results]
+
+    # ---- worker pool internals (called with self._lock held)
+
+    def _check_symbolic(
+        self,
+        jobs: list[tuple[int, str, list[str]]],
+        per_item: float,
+        deadline: float | None,
+        limit: int,
+        stats: GradeStats,
+    ) -> dict[int, bool | None]:
+        """Run math_verify checks on workers: {item: equal?, or None when unfinished}."""
+        outcomes: dict[int, bool | None] = {}
+        pending = deque(jobs)
+        while pending or any(w.task for w in self._workers):
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                break
+            busy = sum(1 for w in self._workers if w.task)
+            while len(self._workers) < min(limit, busy + len(pending)):
+                self._spawn(stats)
+            for worker in list(self._workers):
+                if pending and busy < limit and worker.ready and worker.task is None:
+                    key, answer, golds = pending.popleft()
+                    self._next_request_id += 1
+                    if worker.send({"id": self._next_request_id, "answer": answer, "golds": golds}):
+                        worker.task = (key, self._next_request_id, now + per_item)
+                        busy += 1
+                    else:
+                        pending.appendleft((key, answer, golds))
+                        self._retire(worker, stats, crashed=True)
+            for key, equal in self._pump(stats, deadline):
+                outcomes[key] = equal
+        for worker in list(self._workers):
+            if worker.task:  # batch deadline passed mid-check
+                outcomes[worker.task[0]] = None
+                stats.unfinished += 1
+                worker.task = None
+                self._remove(worker)
+                self._spawn(stats)  # keep the pool's size for the next batch
+        for key, _, _ in pending:
+            outcomes[key] = None
+            stats.unfinished += 1
+        return outcomes
+
+    def _pump(self, stats: GradeStats, deadline: float | None) -> list[tuple[int, bool]]:
+        """Wait for worker output until the nearest deadline; handle results, start-ups, deaths
+        and expired checks. Returns finished (item, equal?) pairs; timeouts/crashes as False."""
+        now = time.monotonic()
+        wake_at = [w.task[2] for w in self._workers if w.task]
+        wake_at += [w.started_at + self.start_timeout for w in self._workers if not w.ready]
+        if deadline is not None:
+            wake_at.append(deadline)
+        waiting = [w for w in self._workers if w.task or not w.ready]
+        if not waiting:
+            return []
+        readable = wait_for_readable(waiting, timeout=max(0.0, min(wake_at) - now))
+
+        finished: list[tuple[int, bool]] = []
+        for worker in readable:
+            messages = worker.receive()
+            if messages is None:  # exited (crash, CPU/memory limit) or garbled
+                was_checking = worker.task is not None
+                if was_checking:
+                    finished.append((worker.task[0], False))
+                self._retire(worker, stats, crashed=True)
+                if was_checking and worker.ready:
+                    self._spawn(stats)
+                continue
+            for message in messages:
+                if message.get("ready"):
+                    worker.ready, self._failed_starts = True, 0
+                elif worker.task and message.get("id") == worker.task[1]:
+                    finished.append((worker.task[0], bool(message.get("equal"))))
+                    stats.symbolic += 1
+                    worker.task = None
+                    worker.checks_done += 1
+            if worker.ready and worker.task is None and worker.checks_done >= self.max_checks_per_worker:
+                self._remove(worker, graceful=True)
+
+        now = time.monotonic()
+        for worker in list(self._workers):
+            if worker.task and now >= worker.task[2]:
+                finished.append((worker.task[0], False))
+                stats.timed_out += 1
+                worker.task = None
+                self._remove(worker)
+                self._spawn(stats)  # the replacement imports sympy while other checks run
+            elif not worker.ready and now >= worker.started_at + self.start_timeout:
+                self._retire(worker, stats, crashed=False)
+        return finished
+
+    def _spawn(self, stats: GradeStats) -> None:
+        self._workers.append(_Worker(self._env))
+        stats.workers_started += 1
+
+    def _retire(self, worker: _Worker, stats: GradeStats, *, crashed: bool) -> None:
+        """Remove a dead or stuck worker, counting a crash mid-check or a failed start."""
+        if worker.task and crashed:
+            stats.crashed += 1
+        worker.task = None
+        if not worker.ready:
+            self._failed_starts += 1
+        self._remove(worker)
+        if self._failed_starts >= _FAILED_STARTS_BEFORE_ERROR:
+            self._failed_starts = 0
+            raise RuntimeError(
+                f"the symbolic grader worker (python -m rlft._grader_worker) failed to start "
+                f"{_FAILED_STARTS_BEFORE_ERROR} times in a row; its error output is above "
+                f"(is the math-verify package installed for {sys.executable}?)"
+            )
+
+    def _remove(self, worker: _Worker, graceful: bool = False) -> None:
+        if worker in self._workers:
+            self._workers.remove(worker)
+        if graceful:
+            _stop_workers([worker])
+        else:
+            worker.kill()
+
+
+def _positive_float(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------- module-level API
+
+_default_grader: Grader | None = None
+_default_grader_lock = threading.Lock()
+
+
+def default_grader() -> Grader:
+    """The process-wide :class:`Grader` used by :func:`r1_zero_reward_fn` and
+    :func:`grade_batch` (created on first use; its workers start on first symbolic check)."""
+    global _default_grader
+    with _default_grader_lock:
+        if _default_grader is None:
+            _default_grader = Grader()
+        return _default_grader
+
+
+def r1_zero_reward_fn(response: str, ground_truth: GroundTruth, fast: bool = True) -> dict[str, float]:
+    """Reward for one R1-Zero response: ``{"format_reward", "answer_reward", "reward"}``.
+
+    * Format: the response must contain ``"</think> <answer>"`` and ``"</answer>"``; otherwise
+      all three are 0.
+    * Answer: the text after the last ``<answer>`` (``</answer>`` removed; the last
+      ``\\boxed{}``'s content if it has one; an unbalanced box is wrong) must equal
+      ``ground_truth`` (str/int/float, or a list of them where any one suffices).
+    * Right: all 1. Formatted but wrong: format 1, answer and reward 0.
+
+    ``fast=True`` lets an exact-number mismatch stand when both sides are plain numbers;
+    ``fast=False`` also asks math_verify then, which compares floats to 6 decimals. Symbolic
+    checks take at most ``DEFAULT_TIMEOUT_PER_ITEM`` seconds (a timed-out check is wrong).
+    """
+    return default_grader().grade(response, ground_truth, fast=fast)
+
+
+def grade_batch(
+    responses: Sequence[str],
+    ground_truths: Sequence[GroundTruth],
+    *,
+    timeout_per_item: float = DEFAULT_TIMEOUT_PER_ITEM,
+    total_timeout: float | None = None,
+    workers: int | None = None,
+    fast: bool = True,
+) -> list[dict[str, float]]:
+    """:func:`r1_zero_reward_fn` over a rollout, ``[len(responses)]`` dicts, in parallel on the
+    default grader's workers; see :meth:`Grader.grade_batch` for the time bounds."""
+    return default_grader().grade_batch(
+        responses,
+        ground_truths,
+        fast=fast,
+        timeout_per_item=timeout_per_item,
+        total_timeout=total_timeout,
+        workers=workers,
+    )

@@ -1,0 +1,327 @@
+"""Tests for rlft.grader: R1-Zero format, answer equivalence, and safety against hostile outputs."""
+
+import os
+import time
+
+import pytest
+
+from rlft._grader_worker import is_safe_for_symbolic
+from rlft.grader import (
+    Grader,
+    default_grader,
+    extract_answer_text,
+    extract_boxed,
+    grade_batch,
+    normalize_number,
+    r1_zero_reward_fn,
+)
+
+RIGHT = {"format_reward": 1.0, "answer_reward": 1.0, "reward": 1.0}
+WRONG = {"format_reward": 1.0, "answer_reward": 0.0, "reward": 0.0}
+NO_FORMAT = {"format_reward": 0.0, "answer_reward": 0.0, "reward": 0.0}
+
+HOSTILE_SECONDS = 3.0  # per-item bound is 1 s; the rest is slack for a loaded 2-core machine
+
+
+def respond(answer: str) -> str:
+    """A well-formed response (the prompt already ended with '<think>')."""
+    return f"Let me add the numbers. </think> <answer>{answer}</answer>"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_default_grader():
+    """Start the shared grader's workers once, so timing assertions measure checks, not imports."""
+    default_grader().start()
+    yield
+    default_grader().close()
+
+
+# --------------------------------------------------------------------------- right answers
+
+RIGHT_CASES = [
+    ("18", "18"),
+    ("$18", "18"),
+    ("\\$18", "18"),
+    ("18.0", "18"),
+    ("18.00", "18"),
+    ("1,000", "1000"),
+    ("1000", "1,000"),
+    ("$1,234.50", "1234.5"),
+    ("\\boxed{18}", "18"),
+    ("The total is \\boxed{18}.", "18"),
+    ("18 dollars", "18"),
+    ("\\text{18 apples}", "18"),
+    (" 18. ", "18"),
+    ("**18**", "18"),
+    ("-3", "-3"),
+    ("\u22123", "-3"),  # unicode minus sign
+    ("25%", "25"),  # GSM8K stores percentages as bare numbers
+    ("25\\%", "0.25"),
+    ("123456789012345678901234567890", "123456789012345678901234567890"),
+    ("\\frac{1}{2}", "0.5"),  # symbolic path (math_verify in a worker)
+    ("0.5", "\\frac{1}{2}"),
+    ("\\dfrac{3}{6}", "0.5"),
+    ("\\sqrt{16}", "4"),
+    ("2^{3}", "8"),
+    ("18", 18),  # int ground truth
+    ("0.5", 0.5),  # float ground truth
+    ("100000000000000000000", 1e20),  # float ground truth compared exactly
+    ("18", ["17", "18"]),  # any of a list
+]
+
+
+@pytest.mark.parametrize("answer,ground_truth", RIGHT_CASES)
+def test_right_answers_score_one(answer, ground_truth):
+    assert r1_zero_reward_fn(respond(answer), ground_truth) == RIGHT
+
+
+# --------------------------------------------------------------------------- wrong answers
+
+WRONG_CASES = [
+    ("-3", "3"),
+    ("3", "-3"),
+    ("17", "18"),
+    ("18.01", "18"),
+    ("1,000", "100"),
+    ("0.25", "25"),
+    # Differ in the last digit; equal as floats (both round to 1.2345678901234567e19).
+    ("12345678901234567891", "12345678901234567890"),
+    ("18 or 19", "18"),  # hedging is not an answer
+    ("\\frac{1}{3}", "0.5"),
+    ("\\sqrt{5}", "2"),
+    ("x", "18"),
+    ("eighteen", "18"),
+    ("18", ["17", "19"]),
+    ("0.3333333", "0.333333333"),  # exact by default; fast=False is lenient (below)
+]
+
+
+@pytest.mark.parametrize("answer,ground_truth", WRONG_CASES)
+def test_wrong_answers_score_zero_with_format_credit(answer, ground_truth):
+    assert r1_zero_reward_fn(respond(answer), ground_truth) == WRONG
+
+
+def test_fast_false_lets_math_verify_round_numbers():
+    # math_verify compares numbers to 6 decimals; the exact path does not.
+    assert r1_zero_reward_fn(respond("0.3333333"), "0.333333333", fast=False) == RIGHT
+    assert r1_zero_reward_fn(respond("18"), "18.5", fast=False) == WRONG
+
+
+# --------------------------------------------------------------------------- format
+
+FORMAT_CASES = [
+    ("18 <answer>18</answer>", NO_FORMAT),  # missing </think>
+    ("x </think><answer>18</answer>", NO_FORMAT),  # no space between the tags
+    ("x </think> <answer>18", NO_FORMAT),  # missing </answer>
+    ("<answer>18</answer>", NO_FORMAT),  # answer tag only
+    ("", NO_FORMAT),
+    ("x </think> <answer></answer>", WRONG),  # empty answer
+    ("x </think> <answer>   </answer>", WRONG),
+    ("x </think> <answer>\\boxed{18</answer>", WRONG),  # unbalanced box
+    ("x </think> <answer>17</answer> <answer>18</answer>", RIGHT),  # the last answer counts
+    ("x </think> <answer>18</answer>\n", RIGHT),
+]
+
+
+@pytest.mark.parametrize("response,expected", FORMAT_CASES)
+def test_format_rules(response, expected):
+    assert r1_zero_reward_fn(response, "18") == expected
+
+
+def test_extract_answer_text():
+    assert extract_answer_text("a </think> <answer> 42 </answer>") == " 42 "
+    assert extract_answer_text("a </think> <answer>so \\boxed{\\frac{1}{2}}</answer>") == "\\frac{1}{2}"
+    assert extract_answer_text("a </think> <answer>\\boxed{4</answer>") is None
+    assert extract_answer_text("a </think><answer>42</answer>") is None
+    assert extract_boxed("\\boxed{a} then \\boxed{b{c}}") == "b{c}"
+    assert extract_boxed("\\boxed 18$") == "18"
+    assert extract_boxed("\\boxed {18}") == "18"
+    assert extract_boxed("no box") is None
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("$1,000.00", "1000"),
+        ("18.0", "18"),
+        ("-3.50", "-3.5"),
+        ("\\boxed{18}", "18"),
+        ("18 dollars", "18"),
+        ("25%", "25"),
+        ("\\text{7}", "7"),
+        ("0.0", "0"),
+        (".5", "0.5"),
+        ("1/2", None),
+        ("1,00", None),  # not a thousands grouping
+        ("18 or 19", None),
+        ("abc", None),
+        ("9" * 2000, None),  # over-long
+    ],
+)
+def test_normalize_number(text, expected):
+    assert normalize_number(text) == expected
+
+
+# --------------------------------------------------------------------------- hostile outputs
+
+RUNAWAY = "(x+1)^{999}"  # passes the safety filter; sympy expands it for minutes
+
+
+def hostile_answers(marker):
+    """Answers that must score 0 without running anything; all are refused before any parsing."""
+    return [
+        f"__import__('os').system('touch {marker}')",
+        f"\\boxed{{__import__('os').system('touch {marker}')}}",
+        f"exec(\"import os; os.system('touch {marker}')\")",
+        f"(lambda: __import__('os').system('touch {marker}'))()",
+        "9**9**9**9",
+        "10^10^10^10",
+        "10^{10^{10^{10}}}",
+        "2^{99999999}",
+        "(" * 5000 + "1" + ")" * 5000,
+        "(" * 400 + "1" + ")" * 400,  # short enough for the parser, too deep for it
+        "7" * 200_000,
+        "\\frac{1}{2}" * 20_000,
+        "\\boxed{" * 50,
+        "9**2",  # would equal the ground truth 81 if evaluated as Python
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(hostile_answers("marker"))))
+def test_hostile_answer_scores_zero_quickly_and_runs_nothing(tmp_path, index):
+    marker = tmp_path / "pwned_x"
+    answer = hostile_answers(marker)[index]
+    t0 = time.monotonic()
+    result = r1_zero_reward_fn(respond(answer), "81")
+    elapsed = time.monotonic() - t0
+    assert result == WRONG
+    assert elapsed < HOSTILE_SECONDS
+    assert not marker.exists()
+
+
+def test_total_timeout_zeroes_and_counts_unfinished_items():
+    grader = default_grader()
+    grader.start(1)
+    pids_before = set(grader.worker_pids)
+    # One worker, three runaway checks, 1 s for the whole batch: the first is cut off at the
+    # batch deadline, the other two never start; the plain number is decided in-process.
+    t0 = time.monotonic()
+    results = grade_batch(
+        [respond(RUNAWAY), respond("18"), respond(RUNAWAY), respond(RUNAWAY)],
+        ["7", "18", "7", "7"],
+        timeout_per_item=30.0,
+        total_timeout=1.0,
+        workers=1,
+    )
+    elapsed = time.monotonic() - t0
+    assert 1.0 <= elapsed < 2.5
+    assert results == [NO_FORMAT, RIGHT, NO_FORMAT, NO_FORMAT]
+    stats = grader.last_batch_stats
+    assert (stats.unfinished, stats.in_process, stats.timed_out) == (3, 1, 0)
+    (killed,) = pids_before - set(grader.worker_pids)  # the one mid-check at the deadline
+    with pytest.raises(ProcessLookupError):
+        os.kill(killed, 0)
+    assert grader.num_workers == len(pids_before)  # replaced
+
+
+def test_runaway_check_is_killed_at_its_deadline_and_pool_recovers():
+    grader = default_grader()
+    grader.start(1)
+    pids_before = set(grader.worker_pids)
+    t0 = time.monotonic()
+    assert r1_zero_reward_fn(respond("\\sum_{k=1}^{999} k^{999}"), "7") == WRONG
+    elapsed = time.monotonic() - t0
+    assert 1.0 <= elapsed < HOSTILE_SECONDS  # it ran to the 1 s deadline, then was cut off
+    assert grader.last_batch_stats.timed_out == 1
+    killed = pids_before - set(grader.worker_pids)
+    assert len(killed) == 1
+    with pytest.raises(ProcessLookupError):
+        os.kill(killed.pop(), 0)
+    assert grader.num_workers == 2  # a replacement was started at once
+    assert r1_zero_reward_fn(respond("\\frac{6}{4}"), "1.5") == RIGHT
+
+
+def test_safety_filter():
+    assert is_safe_for_symbolic("\\frac{1}{2}")
+    assert is_safe_for_symbolic("\\sqrt{2} \\cdot \\cos(\\pi)\\;\\text{cm}")
+    assert not is_safe_for_symbolic("__import__('os')")
+    assert not is_safe_for_symbolic("lambda x: x")
+    assert not is_safe_for_symbolic("os.system('ls')")
+    assert not is_safe_for_symbolic("9**9")
+    assert not is_safe_for_symbolic("10^{10^{10}}")
+    assert not is_safe_for_symbolic("{" * 13 + "1" + "}" * 13)
+    assert is_safe_for_symbolic("{" * 12 + "1" + "}" * 12)
+    assert not is_safe_for_symbolic("1" * 1001)
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def test_grade_batch_matches_per_item_calls_and_is_bounded(tmp_path):
+    marker = tmp_path / "pwned_x"
+    hostile = hostile_answers(marker)
+    cases = (
+        [(respond(a), g) for a, g in RIGHT_CASES]
+        + [(respond(a), g) for a, g in WRONG_CASES]
+        + [(r, "18") for r, _ in FORMAT_CASES]
+        + [(respond(a), "81") for a in hostile]
+    )
+    expected = (
+        [RIGHT] * len(RIGHT_CASES)
+        + [WRONG] * len(WRONG_CASES)
+        + [e for _, e in FORMAT_CASES]
+        + [WRONG] * len(hostile)
+    )
+    singles = [r1_zero_reward_fn(r, g) for r, g in cases]
+    assert singles == expected
+
+    # The batch adds a runaway check, which a worker starts and is killed for at 1 s.
+    responses = [r for r, _ in cases] + [respond(RUNAWAY)]
+    truths = [g for _, g in cases] + ["7"]
+    assert len(responses) >= 60
+    t0 = time.monotonic()
+    batch = grade_batch(responses, truths, total_timeout=20.0)
+    assert time.monotonic() - t0 < 8.0
+    assert batch == singles + [WRONG]
+    assert not marker.exists()
+    stats = default_grader().last_batch_stats
+    assert stats.graded == len(responses) and stats.unfinished == 0
+    # Every hostile answer but the over-long (3) and unbalanced-box (1) ones is refused by the
+    # safety filter before parsing.
+    assert stats.rejected == len(hostile) - 4
+    # The runaway must hit its deadline; on a loaded machine an ordinary check may too.
+    assert stats.timed_out >= 1
+
+
+def test_workers_start_lazily():
+    with Grader(workers=1) as grader:
+        assert grader.grade(respond("$18"), "18") == RIGHT
+        assert grader.grade(respond("17"), ["18", 19]) == WRONG
+        assert grader.grade("no tags at all", "18") == NO_FORMAT
+        assert grader.num_workers == 0  # nothing starts until a symbolic check is needed
+
+
+def test_workers_are_light_and_close_stops_them():
+    grader = default_grader()
+    grader.start(1)
+    pids = grader.worker_pids
+    for pid in pids:
+        with open(f"/proc/{pid}/status") as f:
+            rss_kib = int(f.read().split("VmRSS:")[1].split()[0])
+        assert rss_kib < 300 * 1024  # sympy + math_verify only, no torch
+    grader.close()
+    assert grader.num_workers == 0
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_bad_input_is_rejected_with_clear_errors():
+    with pytest.raises(ValueError, match="2 responses but 1 ground truths"):
+        grade_batch([respond("1"), respond("2")], ["1"])
+    with pytest.raises(TypeError, match="ground_truth must be"):
+        r1_zero_reward_fn(respond("1"), {"answer": 1})
+    with pytest.raises(ValueError, match="empty list"):
+        r1_zero_reward_fn(respond("1"), [])
+    with pytest.raises(ValueError, match="timeout_per_item"):
+        grade_batch([respond("1")], ["1"], timeout_per_item=0)
