@@ -71,7 +71,7 @@ class Context:
 
 def grpo_step(ctx: Context, step: int) -> dict:
     """One GRPO step on every rank; returns this rank's metrics (the coordinator logs them all)."""
-    from rlft.grader import grade_batch
+    from rlft.grader import default_grader
     from rlft.grpo import compute_group_normalized_rewards
     from rlft.masking import build_rollout_batch
 
@@ -89,7 +89,11 @@ def grpo_step(ctx: Context, step: int) -> dict:
 
         # 2. Grade, then group-normalised advantages.
         with ctx.timed("grade"):
-            grades = grade_batch(rollout.responses, rollout.ground_truths)
+            grader = default_grader()
+            grades = grader.grade_batch(rollout.responses, rollout.ground_truths)
+            stats = grader.last_batch_stats
+            metrics.update({f"grader/{k}": float(getattr(stats, k))
+                            for k in ("symbolic", "timed_out", "rejected", "unfinished", "crashed")})
             rewards = torch.tensor([g["reward"] for g in grades], dtype=torch.float32)
             advantages, raw_rewards, reward_stats = compute_group_normalized_rewards(
                 rewards, cfg.grpo.group_size, cfg.grpo.advantage_eps, cfg.grpo.normalize_by_std)
@@ -136,10 +140,10 @@ def grpo_step(ctx: Context, step: int) -> dict:
     # 5. Fresh weights into the sampler (and the evaluator's engine).
     if step % cfg.schedule.sync_every == 0:
         with ctx.timed("sync"):
-            sync_weights(ctx)
+            metrics.update(sync_weights(ctx))
 
-    # 6. Evaluation on the held-out split.
-    if cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0:
+    # 6. Evaluation on the held-out split (and always after the last step).
+    if (cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0) or step == cfg.schedule.steps:
         metrics.update(run_evaluation(ctx, step))
 
     metrics["seconds"] = dict(ctx.seconds)
@@ -170,26 +174,41 @@ def rollout_metrics(rollout, grades: list[dict], batch: dict, reward_stats: dict
     return out
 
 
-def sync_weights(ctx: Context) -> None:
-    """Stream every stage's tensors (replica 0) to the ranks whose engines need them."""
+def sync_weights(ctx: Context) -> dict:
+    """Stream every stage's tensors (replica 0) to the ranks whose engines need them.
+
+    Returns checksums that prove the copy: each stage reports the sum and absolute sum of what it
+    sent, the sampler what its engine now holds; the coordinator compares the totals.
+    """
+    from rlft.engines.base import named_weights_checksum
+
     t, roles, bridge = ctx.cfg.topology, ctx.roles, ctx.bridge
     targets = [t.sampler_rank]
     if t.evaluator_rank != t.sampler_rank:
         targets.append(t.evaluator_rank)
+    engines = list({id(e): e for e in (ctx.engine, ctx.eval_engine) if e is not None}.values())
+    out: dict = {}
     for target in targets:
         for stage in range(t.pipeline_stages):
             src = policy_rank_of(t, replica=0, stage=stage)
-            engines = [e for e in {id(x): x for x in (ctx.engine, ctx.eval_engine) if x is not None}.values()]
             if roles.rank == src and roles.rank == target:
-                state = ctx.policy.export_state()
+                state = list(ctx.policy.export_state().items())
                 for e in engines:
-                    e.update_weights(list(state.items()))
+                    e.update_weights(state)
             elif roles.rank == src:
                 bridge.send_named_tensors(ctx.policy.export_state().items(), dst=target, tag=SYNC_TAG + stage)
             elif roles.rank == target:
                 received = list(bridge.recv_named_tensors(src, tag=SYNC_TAG + stage, device=ctx.device))
                 for e in engines:
                     e.update_weights(received)
+    if roles.policy and roles.replica == 0:
+        sums = named_weights_checksum(ctx.policy.export_state().items())
+        out.update({f"sync/policy_sum/stage{roles.stage}": sums["sum"],
+                    f"sync/policy_abs_sum/stage{roles.stage}": sums["abs_sum"]})
+    if roles.sampler:
+        sums = ctx.engine.weights_checksum()
+        out.update({"sync/engine_sum": sums["sum"], "sync/engine_abs_sum": sums["abs_sum"]})
+    return out
 
 
 def run_evaluation(ctx: Context, step: int) -> dict:
@@ -334,6 +353,9 @@ def build_roles(ctx: Context) -> None:
         if roles.sampler:
             from rlft.sampler import Sampler
 
+            from rlft.grader import default_grader
+
+            default_grader().start()  # warm the grading workers now, not in the first step
             ctx.engine = new_engine()
             ctx.sampler = Sampler(ctx.engine, ctx.tokenizer, cfg.sampling, cfg.data.prompt_template)
             loaded = load_examples(cfg.data.source, cfg.data.train_split, size=cfg.data.train_size, seed=cfg.seed)
@@ -395,8 +417,6 @@ def train(ctx: Context) -> None:
         if last or epoch_ended or (cfg.schedule.save_every and step % cfg.schedule.save_every == 0):
             save_checkpoint(ctx, step, final=last)
     bar.close()
-    if cfg.schedule.evaluate_freq == 0 or cfg.schedule.steps % cfg.schedule.evaluate_freq:
-        report(ctx, cfg.schedule.steps, bridge.gather_objects(run_evaluation(ctx, cfg.schedule.steps), dst=0))
     if ctx.tracker:
         ctx.tracker.close()
 
@@ -420,6 +440,12 @@ def report(ctx: Context, step: int, gathered: list[dict] | None) -> str:
                 samples = v
             elif k != "epoch_ended":
                 merged[k] = v
+    for kind in ("sum", "abs_sum"):  # stages report their parts of the synced weights' checksum
+        parts = [v for k, v in merged.items() if k.startswith(f"sync/policy_{kind}/")]
+        if parts:
+            merged[f"sync/policy_{kind}"] = sum(parts)
+            for k in [k for k in merged if k.startswith(f"sync/policy_{kind}/")]:
+                del merged[k]
     merged.update({f"time/{k}": v for k, v in seconds.items()})
     merged["memory/peak_gb"] = peak
     if "tokens/total" in merged and seconds.get("step"):
@@ -499,8 +525,9 @@ def parse_args(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     cfg = load_config_or_exit(args.config, args.overrides)
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.setdefault("RANK", "0"))
+    world = int(os.environ.setdefault("WORLD_SIZE", "1"))
+    os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed reads it; absent outside the launcher
     if world != cfg.world_size():
         print(f"rlft: config error: topology needs {cfg.world_size()} ranks but {world} were launched "
               f"(use launch/train.sh, which starts the right number)", file=sys.stderr)

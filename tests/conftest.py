@@ -1,0 +1,54 @@
+"""Shared test helpers: where the repository and the shared data live, and a tiny model that has
+learnt the answer format (so rollouts earn rewards with real variance)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list[str], *, steps: int = 60,
+                        lr: float = 3e-3, seed: int = 0) -> None:
+    """Fit a tiny model (in place) to answer every prompt with ` so </think> <answer> A </answer>`,
+    where A is drawn from `answers` with equal weight: sampling then gives a mix of right and wrong
+    answers in the right format."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlft.masking import tokenize_prompt_and_output
+    from rlft.reference import sequence_logprobs
+
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    outputs = [f" so </think> <answer> {a} </answer>" for a in answers]
+    P = [p for p in prompts for _ in outputs]
+    O = [o for _ in prompts for o in outputs]
+    batch = tokenize_prompt_and_output(P, O, tok)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    mask = batch["response_mask"]
+    for _ in range(steps):
+        logp = sequence_logprobs(model, batch["input_ids"], batch["attention_mask"])
+        loss = -(logp * mask).sum() / mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(model_dir)
+
+
+def write_gsm8k_dir(path: Path, splits: dict[str, list[tuple[str, str]]]) -> Path:
+    """A local GSM8K-layout directory: {split}.jsonl with question / answer (`... #### N`)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for split, rows in splits.items():
+        (path / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"question": q, "answer": f"It is {a}.\n#### {a}"}) + "\n" for q, a in rows))
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    return SHARED

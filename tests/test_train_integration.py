@@ -1,0 +1,156 @@
+"""The GRPO runtime end to end on CPU: `launch/train.sh` -> the deepspeed launcher -> 4 ranks on gloo.
+
+Layout (launch/configs/grpo_cpu_tiny.yaml): ranks 0-1 a 2-stage policy pipeline, rank 2 the
+reference + evaluator, rank 3 the sampler.  One module-scoped run of 3 steps, then a resumed run
+to step 4, then checks on what they wrote.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+CONFIG = REPO / "launch" / "configs" / "grpo_cpu_tiny.yaml"
+
+
+def launch(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RLFT_PROGRESS="0")
+    return subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(CONFIG), *overrides],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def read_steps(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from conftest import teach_answer_format, write_gsm8k_dir
+    from rlft.models import tiny_model_dir
+    from rlft.prompts import format_prompt
+
+    root = tmp_path_factory.mktemp("grpo")
+    model = tiny_model_dir(root / "model", family="llama", num_layers=4, tie_word_embeddings=True)
+    # GSM8K questions whose answers are 5 or 7; the model answers either, in the right format, so
+    # groups mix rewards 0 and 1 and the policy gradient is not zero.
+    questions = [json.loads(line)["question"] for line in
+                 (SHARED / "data" / "gsm8k" / "train.jsonl").read_text().splitlines()[:24]]
+    teach_answer_format(model, [format_prompt(q) for q in questions[:8]], ["5", "7"])
+    data = write_gsm8k_dir(root / "gsm8k", {
+        "train": [(q, "5" if i % 2 else "7") for i, q in enumerate(questions[:16])],
+        "test": [(q, "5") for q in questions[16:24]]})
+    out = root / "run"
+    common = (f"model.path={model}", f"data.source={data}", f"output.dir={out}")
+    t0 = time.time()
+    first = launch(*common, "schedule.steps=3")
+    first_s = time.time() - t0
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-6000:]
+    steps_after_first = read_steps(out)
+    t0 = time.time()
+    second = launch(*common, "schedule.steps=4")
+    second_s = time.time() - t0
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-6000:]
+    print(f"\nCPU wall time: first launch (3 steps) {first_s:.1f} s, resumed launch (1 step) {second_s:.1f} s")
+    return {"root": root, "model": Path(model), "data": data, "out": out, "first": first, "second": second,
+            "steps_after_first": steps_after_first, "common": common}
+
+
+def test_tensorboard_holds_the_step_scalars(tiny_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tiny_run["out"] / "tensorboard"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    expected = {"reward/mean", "reward/format", "reward/answer", "loss", "pg_loss", "kl", "entropy",
+                "clip_fraction", "grad_norm", "lr", "response_length/mean", "time/sample", "time/grade",
+                "time/reference", "time/train", "time/sync", "time/eval", "time/step",
+                "throughput/tokens_per_s", "memory/peak_gb", "eval/accuracy", "eval/format_rate"}
+    assert expected <= tags, sorted(expected - tags)
+    assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3, 4]
+    assert [e.step for e in acc.Scalars("eval/accuracy")] == [2, 3, 4]  # every 2 steps + after the last
+    lr = acc.Scalars("lr")[0].value
+    assert lr == pytest.approx(1e-5)
+    assert all(e.value > 0 for e in acc.Scalars("grad_norm"))
+
+
+def test_rollouts_earn_mixed_rewards(tiny_run):
+    steps = read_steps(tiny_run["out"])
+    assert all(s["reward/format"] > 0 for s in steps)
+    assert 0 < sum(s["reward/mean"] for s in steps) / len(steps) < 1
+    assert any(abs(s["pg_loss"]) > 0 for s in steps)
+
+
+def test_kl_and_entropy_are_real_numbers(tiny_run):
+    steps = read_steps(tiny_run["out"])
+    # Step 1: the policy still equals the reference, so KL is exactly 0; later steps move away.
+    assert steps[0]["kl"] == pytest.approx(0.0, abs=1e-7)
+    assert steps[1]["kl"] > 0
+    assert all(s["entropy"] > 0 for s in steps)
+    # On-policy, one epoch per rollout: ratio exactly 1, nothing clipped.
+    assert all(s["clip_fraction"] == 0 and s["ratio_mean"] == pytest.approx(1.0) for s in steps)
+
+
+def test_sampler_weights_equal_policy_after_every_sync(tiny_run):
+    for s in read_steps(tiny_run["out"]):
+        assert s["sync/engine_sum"] == pytest.approx(s["sync/policy_sum"], rel=1e-9, abs=1e-9)
+        assert s["sync/engine_abs_sum"] == pytest.approx(s["sync/policy_abs_sum"], rel=1e-9)
+
+
+def test_hf_export_loads_and_moved_from_the_start(tiny_run):
+    from transformers import AutoModelForCausalLM
+
+    trained = AutoModelForCausalLM.from_pretrained(tiny_run["out"] / "model")
+    start = AutoModelForCausalLM.from_pretrained(tiny_run["model"])
+    diffs = {n: (p - start.state_dict()[n]).abs().max().item() for n, p in trained.state_dict().items()}
+    assert max(diffs.values()) > 0
+    assert diffs["model.embed_tokens.weight"] > 0 and diffs["model.layers.3.mlp.down_proj.weight"] > 0
+    # Tied embeddings stay tied in the export.
+    assert trained.lm_head.weight.data_ptr() == trained.model.embed_tokens.weight.data_ptr()
+    # The export equals the newest checkpoint's.
+    ck = tiny_run["out"] / "checkpoints" / "step_000004" / "hf"
+    again = AutoModelForCausalLM.from_pretrained(ck)
+    for n, p in again.state_dict().items():
+        assert torch.equal(p, trained.state_dict()[n]), n
+
+
+def test_resume_continues_with_the_same_next_batch(tiny_run):
+    from rlft.data import PromptSampler
+
+    steps = read_steps(tiny_run["out"])
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    assert steps[:3] == tiny_run["steps_after_first"]
+    assert "resuming from" in tiny_run["second"].stderr and "(step 3)" in tiny_run["second"].stderr
+    # The data position survived the restart: step 4 drew the sampler's 4th batch.
+    expected = PromptSampler(16, 2, seed=0)
+    batches = [expected.next_batch() for _ in range(4)]
+    assert [s["prompt_indices"] for s in steps] == batches
+    # Only the newest complete checkpoints are kept, none half-written.
+    names = sorted(p.name for p in (tiny_run["out"] / "checkpoints").iterdir())
+    assert names == ["step_000003", "step_000004"]
+
+
+def test_finished_output_is_evaluated_not_retrained(tiny_run):
+    res = launch(*tiny_run["common"], "schedule.steps=4")
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "already holds a trained model" in res.stderr
+    assert len(read_steps(tiny_run["out"])) == 4
+    summary = json.loads((tiny_run["out"] / "eval" / "final" / "summary.json").read_text())
+    assert summary["num_examples"] == 4
+
+
+def test_a_failing_rank_stops_the_whole_launch(tiny_run, tmp_path):
+    # The sampler (rank 3) cannot read its data; everyone else waits for it on the bridge.
+    t0 = time.time()
+    res = launch(f"model.path={tiny_run['model']}", f"data.source={tmp_path / 'missing'}",
+                 f"output.dir={tmp_path / 'out'}", timeout=300)
+    took = time.time() - t0
+    assert res.returncode != 0
+    assert "rlft: rank 3 (sampler) failed: FileNotFoundError" in res.stderr
+    assert took < 120
