@@ -1,0 +1,284 @@
+"""Evaluate a model on GSM8K-style maths from the command line.
+
+    python -m rlft.evaluate --model runs/grpo/final --data gsm8k:test --num-examples 200
+
+``--data`` takes ``gsm8k[:split]`` (the hub's ``openai/gsm8k``), ``gsm_symbolic[:split]`` (the
+offline generator), a hub id ``org/name[:split]``, or a local ``.jsonl``/``.parquet`` file or
+dataset directory, optionally followed by ``:split`` (default ``test``). Results go to ``--out``
+(default: ``<model dir>/eval_<data>_<timestamp>``, or ``runs/eval/eval_<model>_<data>_<timestamp>``
+when the model is not a local directory) as ``results.jsonl`` and ``summary.json``.
+
+Sampling follows the training configuration's defaults (``rlft.config.SamplingConfig``: stop at
+``</answer>`` and keep it, repetition penalty 1.1, at least 4 tokens); ``--temperature`` (greedy
+by default), ``--top-p`` and ``--max-tokens`` override them.
+
+Bad input (a model or data path that does not exist, an unknown data source, an out-of-range
+option) prints one line on stderr and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PROG = "rlft.evaluate"
+EXIT_BAD_INPUT = 2
+GSM8K_ALIAS = "gsm8k"
+_SPLIT = re.compile(r"[A-Za-z0-9_.\-]+")
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
+
+
+class InputError(ValueError):
+    """A mistake in the command line; reported as one line, exit status 2."""
+
+
+@dataclass
+class DataSpec:
+    """What ``--data`` names: a source for ``rlft.data.load_examples``, a split, and a short
+    label for output directory names."""
+
+    source: str
+    split: str
+    label: str
+
+
+def parse_data_arg(text: str) -> DataSpec:
+    """Interpret ``--data`` (see the module docstring).
+
+    A string that is an existing path is taken whole (so a path containing ``:`` still works);
+    otherwise a trailing ``:split`` is split off.
+
+    Raises:
+        InputError: an empty split, or a source that is neither a known name, an existing path,
+            nor a hub id.
+    """
+    from rlft.data import GSM8K_HUB_ID, GSM_SYMBOLIC
+
+    text = text.strip()
+    if not text:
+        raise InputError("--data is empty")
+    base, split = text, "test"
+    if not Path(text).expanduser().exists() and ":" in text:
+        base, split = text.rsplit(":", 1)
+        if not _SPLIT.fullmatch(split):
+            raise InputError(f"--data {text!r}: bad split name {split!r} (expected e.g. 'test' or 'train')")
+    if base == GSM8K_ALIAS:
+        return DataSpec(GSM8K_HUB_ID, split, f"gsm8k_{split}")
+    if base == GSM_SYMBOLIC:
+        return DataSpec(GSM_SYMBOLIC, split, f"gsm_symbolic_{split}")
+    path = Path(base).expanduser()
+    if path.is_file():
+        # "data/gsm8k/test.jsonl" -> "gsm8k_test": the file name alone is often just the split.
+        return DataSpec(str(path), split, _slug(f"{path.parent.name}_{path.stem}"))
+    if path.is_dir():
+        return DataSpec(str(path), split, _slug(f"{path.name}_{split}"))
+    if _HUB_ID.fullmatch(base) and not base.endswith((".jsonl", ".parquet", ".json")):
+        return DataSpec(base, split, _slug(f"{base.split('/')[-1]}_{split}"))
+    raise InputError(
+        f"unknown data source {base!r}: not an existing file or directory; use {GSM8K_ALIAS}[:split], "
+        f"{GSM_SYMBOLIC}[:split], a hub id org/name[:split], or a local .jsonl/.parquet file or "
+        "dataset directory"
+    )
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.\-]+", "-", text).strip("-") or "data"
+
+
+def default_out_dir(model: str, data_label: str, now: float | None = None) -> Path:
+    """``<model dir>/eval_<data>_<timestamp>`` for a local model directory, else
+    ``runs/eval/eval_<model>_<data>_<timestamp>`` (relative to the working directory)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    model_path = Path(model).expanduser()
+    if model_path.is_dir():
+        return model_path / f"eval_{data_label}_{stamp}"
+    name = _slug(model_path.stem if model_path.suffix == ".gguf" else model.replace("/", "--"))
+    return Path("runs") / "eval" / f"eval_{name}_{data_label}_{stamp}"
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line on stderr (and status 2, as argparse does)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse's signature
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from rlft.config import BACKENDS, DTYPES, SamplingConfig
+
+    d = SamplingConfig()
+    p = _OneLineParser(prog=f"python -m {PROG}", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True,
+                   help="HF model directory, .gguf file, hub id, or 'smollm2-135m-instruct'")
+    p.add_argument("--data", default="gsm8k:test",
+                   help="gsm8k[:split] | gsm_symbolic[:split] | org/name[:split] | PATH[:split] "
+                        "(default: %(default)s)")
+    p.add_argument("--num-examples", type=int, default=200,
+                   help="evaluate the first N examples; 0 = the whole split (default: %(default)s)")
+    p.add_argument("--k", type=int, default=1,
+                   help="samples per question, and the k of pass@k (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=d.eval_temperature,
+                   help="sampling temperature; 0 = greedy (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=d.top_p, help="nucleus sampling (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens,
+                   help="most tokens generated per response (default: %(default)s)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="rollout engine; auto = vLLM when installed and supported, else HF generate "
+                        "(default: %(default)s)")
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="engine dtype; auto = bf16 on GPU, fp32 on CPU (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="prompts per generate call (default: %(default)s)")
+    p.add_argument("--prompt-template", default="r1_zero",
+                   help="registered template name or a literal with {question} (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="sampling seed, and gsm_symbolic's generator seed (default: %(default)s)")
+    p.add_argument("--out", default=None, help="output directory (default: see above)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Range checks argparse cannot express; raise InputError naming the option."""
+    if args.k < 1:
+        raise InputError(f"--k must be >= 1, got {args.k}")
+    if args.num_examples < 0:
+        raise InputError(f"--num-examples must be >= 0 (0 = all), got {args.num_examples}")
+    if args.temperature < 0:
+        raise InputError(f"--temperature must be >= 0, got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        raise InputError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.max_tokens < 1:
+        raise InputError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    if args.batch_size < 1:
+        raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
+    from rlft.prompts import get_template
+
+    try:
+        get_template(args.prompt_template)
+    except ValueError as exc:
+        raise InputError(f"--prompt-template: {exc}") from None
+
+
+def build_spec(args: argparse.Namespace):
+    """The engine's ``SamplingSpec``: the config's evaluation defaults with the options applied."""
+    from rlft.config import SamplingConfig
+    from rlft.sampler import sampling_spec
+
+    cfg = SamplingConfig(top_p=args.top_p, eval_temperature=args.temperature, eval_max_tokens=args.max_tokens)
+    # A forced minimum longer than the budget is impossible; cap it.
+    cfg.min_tokens = min(cfg.min_tokens, args.max_tokens)
+    return sampling_spec(cfg, n=args.k, seed=args.seed, evaluation=True)
+
+
+# Engine dtype names (vLLM knows only the long ones) for the config's short names.
+_ENGINE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def engine_dtype(dtype: str, device: str) -> str:
+    """``--dtype`` -> the engine's dtype name: ``auto`` is bf16 on GPU and fp32 on CPU (CPU
+    kernels are fastest and exact in fp32, and a fp32 checkpoint would otherwise stay fp32 on GPU)."""
+    if dtype == "auto":
+        return "bfloat16" if device.startswith("cuda") else "float32"
+    return _ENGINE_DTYPES[dtype]
+
+
+def format_summary(summary: dict) -> str:
+    """A short two-column table of the headline numbers."""
+    k = summary.get("k", 1)
+    rows = [
+        ("examples", f"{summary['num_examples']}"),
+        ("samples / question", f"{summary['num_samples']}"),
+        ("accuracy (pass@1)", f"{summary['accuracy']:.4f}"),
+        (f"pass@{k}", f"{summary['pass@k']:.4f}"),
+        ("format rate", f"{summary['format_rate']:.4f}"),
+        ("mean reward", f"{summary['mean_reward']:.4f}"),
+        ("mean response tokens", f"{summary['mean_response_length']:.1f}"),
+    ]
+    if "seconds" in summary:
+        rows.append(("seconds", f"{summary['seconds']:.1f}"))
+        rows.append(("examples / s", f"{summary['examples_per_s']:.2f}"))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def load_inputs(args: argparse.Namespace) -> tuple[str, DataSpec, list]:
+    """Check the options, resolve the model and load the examples, before anything heavy starts.
+
+    Returns ``(model_path, data_spec, examples)``. Raises :class:`InputError` on bad input.
+    """
+    from rlft.data import load_examples
+    from rlft.models import ModelPathError, resolve_model_path
+
+    check_args(args)
+    data = parse_data_arg(args.data)
+    try:
+        model_path = resolve_model_path(args.model)
+    except ModelPathError as exc:
+        raise InputError(_one_line(exc)) from None
+    try:
+        loaded = load_examples(data.source, data.split, size=args.num_examples or None, seed=args.seed)
+    except (FileNotFoundError, RuntimeError, ValueError) as exc:  # missing, offline hub, empty
+        raise InputError(f"data {args.data!r}: {_one_line(exc)}") from None
+    return model_path, data, loaded.examples
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        model_path, data, examples = load_inputs(args)
+    except InputError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+    import torch
+
+    from rlft.engines import EngineUnavailable, make_engine
+    from rlft.evaluation import evaluate, write_results
+    from rlft.models import load_tokenizer
+
+    out_dir = Path(args.out) if args.out else default_out_dir(args.model, data.label)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    spec = build_spec(args)
+    print(f"{PROG}: {args.model} on {args.data} ({len(examples)} questions, k={args.k}, "
+          f"temperature={spec.temperature}, max_tokens={spec.max_tokens}, device={device})", file=sys.stderr)
+    try:
+        tokenizer = load_tokenizer(model_path, padding_side="left")
+        engine = make_engine(args.backend, model_path, dtype=engine_dtype(args.dtype, device), device=device,
+                             seed=args.seed, tokenizer=tokenizer)
+    except OSError as exc:  # e.g. a hub id while offline, or a directory without a tokenizer
+        print(f"{PROG}: error: could not load {args.model!r}: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except EngineUnavailable as exc:  # --backend vllm where vLLM cannot run
+        print(f"{PROG}: error: --backend {args.backend}: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    with engine:  # closes the engine (vLLM's worker processes) however evaluation ends
+        records, summary = evaluate(engine, tokenizer, examples, spec=spec, k=args.k,
+                                    batch_size=args.batch_size, prompt_template=args.prompt_template,
+                                    progress=not args.no_progress)
+    # What produced these numbers, so a summary file stands on its own.
+    summary.update(model=args.model, data=args.data, split=data.split, engine=type(engine).__name__,
+                   device=device, temperature=spec.temperature, top_p=spec.top_p,
+                   max_tokens=spec.max_tokens, seed=args.seed)
+    results_path, summary_path = write_results(out_dir, records, summary)
+
+    print(f"\n{args.model} on {args.data}")
+    print(format_summary(summary))
+    print(f"results: {results_path}")
+    print(f"summary: {summary_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
