@@ -165,9 +165,20 @@ def init_policy_world(bridge: Bridge, policy_index: int, policy_size: int, backe
     os.environ["RANK"] = str(policy_index)
     os.environ["WORLD_SIZE"] = str(policy_size)
     os.environ["LOCAL_WORLD_SIZE"] = os.environ.get("LOCAL_WORLD_SIZE", str(policy_size))
+    if backend == "gloo":
+        skip_cpu_shm_comm_build()
     dist.init_process_group(backend=backend, store=dist.PrefixStore("policy", bridge.store),
                             rank=policy_index, world_size=policy_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
     import deepspeed
 
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+
+
+def skip_cpu_shm_comm_build() -> None:
+    """On CPU, DeepSpeed JIT-compiles a shared-memory all-reduce op at start-up (minutes on a small
+    machine, and rebuilt whenever its compile flags differ).  The gloo path it shortcuts is all the
+    CPU runs need, so the build is skipped."""
+    import deepspeed.comm.torch as ds_torch_comm
+
+    ds_torch_comm.build_shm_op = lambda: None

@@ -135,6 +135,16 @@ class OutputConfig:
 
 
 @dataclass
+class SFTConfig:
+    # Supervised fine-tuning (rlft.sft). Its step count comes from here; schedule.steps is GRPO's.
+    batch_size: int = 32  # sequences per optimizer step, all data-parallel replicas together
+    epochs: int = 1
+    max_steps: int | None = None  # set: exactly this many steps, whatever epochs says
+    max_seq_len: int = 1024  # prompt + target tokens; longer examples are skipped and counted
+    train_size: int | None = None  # the first N rows of the train split (None = all of it)
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -144,6 +154,7 @@ class RunConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     seed: int = 0
     device: str = "auto"  # auto | cuda | cpu
 
@@ -374,6 +385,14 @@ def validate(cfg: RunConfig) -> RunConfig:
              f"data.eval_size: must be >= 1 or null, got {cfg.data.eval_size}")
     _require(cfg.data.train_size is None or cfg.data.train_size >= 1,
              f"data.train_size: must be >= 1 or null, got {cfg.data.train_size}")
+
+    sft = cfg.sft
+    _require(sft.batch_size >= 1, f"sft.batch_size: must be >= 1, got {sft.batch_size}")
+    _require(sft.epochs >= 1, f"sft.epochs: must be >= 1, got {sft.epochs}")
+    _require(sft.max_steps is None or sft.max_steps >= 1, f"sft.max_steps: must be >= 1 or null, got {sft.max_steps}")
+    _require(sft.max_seq_len >= 2, f"sft.max_seq_len: must be >= 2, got {sft.max_seq_len}")
+    _require(sft.train_size is None or sft.train_size >= 1,
+             f"sft.train_size: must be >= 1 or null, got {sft.train_size}")
 
     from rlft.topology import check_topology  # local import: topology imports this module
 

@@ -1,0 +1,118 @@
+"""Runs the policy pipeline under the real ``deepspeed`` launcher and dumps what each stage sees.
+
+Launched by tests/test_pipeline.py as
+``deepspeed --num_gpus N tests/pipeline_check.py --spec spec.json`` (CPU, gloo); the test compares
+the dumps with the plain HF model. ``spec.json``::
+
+    {"data": "batches.pt", "out": "out_dir",
+     "cases": [{"name": ..., "model_dir": ..., "attn_implementation": "eager" | "sdpa",
+                "micro_batch_size": 2, "gradient_accumulation_steps": 2,
+                "activation_checkpoint_interval": 0, "load_from": "dir" | "state_dict"}, ...]}
+
+``batches.pt`` holds ``{"eval_before": batch, "train": batch, "eval_after": batch}`` (dicts of
+``input_ids``, ``attention_mask``, and for train ``response_mask [B,T-1]``). For each case every
+rank writes ``out/<case>/stage<k>.pt`` with the log-probs/entropy of both eval batches (last stage),
+the training loss and metrics, the gradients under HF names just before the optimizer step (lr 0),
+and the stage's :func:`export_hf_state_dict` after the step.
+"""
+
+import argparse
+import json
+import os
+
+import deepspeed
+import deepspeed.comm as dist
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig
+
+from rlft.pipeline import (build_policy_pipeline, export_hf_state_dict, hf_named_parameters, load_hf_weights,
+                           pipeline_batch_iter, pipeline_logprobs)
+
+
+class MaskedNLL:
+    """loss = mean of -logp over the response mask; reports the masked mean entropy and the token
+    count of each micro-batch through the module's metrics hook."""
+
+    metric_names = ("entropy", "tokens")
+
+    def __init__(self):
+        self.module = None
+
+    def __call__(self, outputs, labels):
+        logp, entropy = outputs
+        (response_mask,) = labels
+        tokens = response_mask.sum()
+        self.module.set_metrics({"entropy": (entropy * response_mask).sum() / tokens, "tokens": tokens})
+        return -(logp * response_mask).sum() / tokens
+
+
+def run_case(case, data, out_dir):
+    config = AutoConfig.from_pretrained(case["model_dir"])
+    config._attn_implementation = case["attn_implementation"]
+    loss_fn = MaskedNLL()
+    module = build_policy_pipeline(config, num_stages=dist.get_world_size(), loss_fn=loss_fn,
+                                   activation_checkpoint_interval=case["activation_checkpoint_interval"],
+                                   metric_names=MaskedNLL.metric_names)
+    loss_fn.module = module
+    try:  # strict: an empty source must name every parameter of this stage
+        load_hf_weights(module, {})
+        missing_error = None
+    except KeyError as err:
+        missing_error = str(err)
+    if case["load_from"] == "state_dict":
+        load_hf_weights(module, load_file(os.path.join(case["model_dir"], "model.safetensors")))
+    else:
+        load_hf_weights(module, case["model_dir"])  # lazily, from the directory's safetensors
+    mbs, gas = case["micro_batch_size"], case["gradient_accumulation_steps"]
+    ds_config = {"train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": gas,
+                 "gradient_clipping": 0.0, "zero_optimization": {"stage": 0}, "steps_per_print": 10**9}
+    # lr 0 keeps the weights, so the eval after the step must still match the HF model.
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.0)
+    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=ds_config)
+
+    grads, replica_grads = {}, {}
+    take_step = engine._take_model_step
+
+    def capture_grads_then_step(*args, **kwargs):
+        # Runs after the tied-weight and data-parallel gradient all-reduces, before the update.
+        own = dict(hf_named_parameters(module))
+        for name, p in hf_named_parameters(module, include_tied_replicas=True):
+            target = grads if own.get(name) is p else replica_grads
+            target[name] = p.grad.detach().clone()
+        return take_step(*args, **kwargs)
+
+    engine._take_model_step = capture_grads_then_step
+
+    result = {"stage": engine.stage_id, "layer_range": module.layer_range, "missing_error": missing_error}
+    result["eval_before"] = pipeline_logprobs(engine, data["eval_before"], mbs, with_entropy=True)
+    loss = engine.train_batch(pipeline_batch_iter(data["train"], mbs, label_keys=("response_mask",)))
+    result["loss"] = loss.detach().clone()
+    result["metrics"] = {k: v.detach().clone() for k, v in engine.get_additional_losses().items()}
+    result["eval_after"] = pipeline_logprobs(engine, data["eval_after"], mbs, with_entropy=True)
+    result["grads"], result["replica_grads"] = grads, replica_grads
+    result["export"] = {k: v.clone() for k, v in export_hf_state_dict(module).items()}
+    os.makedirs(os.path.join(out_dir, case["name"]), exist_ok=True)
+    torch.save(result, os.path.join(out_dir, case["name"], f"stage{engine.stage_id}.pt"))
+    dist.barrier()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--local_rank", type=int, default=-1)
+    parser.add_argument("--spec", required=True)
+    args = parser.parse_args()
+    with open(args.spec) as f:
+        spec = json.load(f)
+    torch.manual_seed(0)
+    from rlft.bridge import skip_cpu_shm_comm_build
+
+    skip_cpu_shm_comm_build()
+    deepspeed.init_distributed(dist_backend="gloo")
+    data = torch.load(spec["data"])
+    for case in spec["cases"]:
+        run_case(case, data, spec["out"])
+
+
+if __name__ == "__main__":
+    main()
