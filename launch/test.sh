@@ -6,7 +6,7 @@ set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/setup.sh" || exit 1
 cd "$here/.."
-export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES="" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
+export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES="" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 \
   TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 python -m pytest -q --timeout=900 "$@"
 rc=$?

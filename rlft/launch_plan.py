@@ -20,6 +20,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def check_model_layers(cfg) -> None:
+    """When the starting model is a local directory, refuse a pipeline deeper than the model now."""
+    import json
+    from pathlib import Path
+
+    from rlft.config import ConfigError
+    from rlft.topology import check_stages_vs_layers
+
+    config_json = Path(cfg.output.init_checkpoint or cfg.model.path) / "config.json"
+    if not config_json.is_file():
+        return
+    layers = json.loads(config_json.read_text()).get("num_hidden_layers")
+    if isinstance(layers, int):
+        try:
+            check_stages_vs_layers(layers, cfg.topology.pipeline_stages)
+        except ConfigError as e:
+            print(f"rlft: config error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="rlft.launch_plan")
     p.add_argument("--config", required=True)
@@ -40,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"rlft: config error: topology needs {per_node} GPUs per node but {args.gpus_available} are "
               f"available here; pick a smaller config (launch/configs/grpo_{{1,2,4}}gpu.yaml)", file=sys.stderr)
         raise SystemExit(2)
+    check_model_layers(cfg)
     print(world, nodes, per_node, free_port(), cfg.output.hostfile or "-")
 
 

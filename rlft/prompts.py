@@ -29,9 +29,14 @@ QUESTION_ONLY_PROMPT = (
     "<answer> </answer>.\nQuestion: {question}\n<think>"
 )
 
+# The R1-Zero ending without its instructions: for models already taught the contract (e.g. by SFT)
+# and for short test prompts.
+R1_SHORT_PROMPT = "User: {question}\nAssistant: <think>"
+
 PROMPT_TEMPLATES: dict[str, str] = {
     "r1_zero": R1_ZERO_PROMPT,
     "question_only": QUESTION_ONLY_PROMPT,
+    "r1_short": R1_SHORT_PROMPT,
 }
 
 

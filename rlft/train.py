@@ -205,7 +205,7 @@ def sync_weights(ctx: Context) -> dict:
         sums = named_weights_checksum(ctx.policy.export_state().items())
         out.update({f"sync/policy_sum/stage{roles.stage}": sums["sum"],
                     f"sync/policy_abs_sum/stage{roles.stage}": sums["abs_sum"]})
-    if roles.sampler:
+    if roles.sampler and ctx.engine is not None:
         sums = ctx.engine.weights_checksum()
         out.update({"sync/engine_sum": sums["sum"], "sync/engine_abs_sum": sums["abs_sum"]})
     return out
@@ -530,6 +530,9 @@ def run(ctx: Context) -> None:
         ctx.tokenizer = load_tokenizer(str(final))
         evaluate_existing(ctx, final)
         return
+    from rlft.sft import check_init_checkpoint  # local import: rlft.sft imports this module
+
+    check_init_checkpoint(cfg.output.init_checkpoint)  # every rank, so all stop together
     # Rank 0 resolves (and, for a .gguf, converts) the model once; the others wait for the path.
     path = None
     if ctx.roles.rank == 0:

@@ -11,9 +11,9 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
 
-def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list[str], *, steps: int = 60,
+def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list[str], *, steps: int = 100,
                         lr: float = 3e-3, seed: int = 0) -> None:
-    """Fit a tiny model (in place) to answer every prompt with ` so </think> <answer> A </answer>`,
+    """Fit a tiny model (in place) to answer every prompt with ` </think> <answer> A </answer>`,
     where A is drawn from `answers` with equal weight: sampling then gives a mix of right and wrong
     answers in the right format."""
     import torch
@@ -25,7 +25,8 @@ def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    outputs = [f" so </think> <answer> {a} </answer>" for a in answers]
+    torch.set_num_threads(1)
+    outputs = [f" </think> <answer> {a} </answer>" for a in answers]
     P = [p for p in prompts for _ in outputs]
     O = [o for _ in prompts for o in outputs]
     batch = tokenize_prompt_and_output(P, O, tok)

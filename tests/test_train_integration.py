@@ -38,16 +38,17 @@ def tiny_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("grpo")
     model = tiny_model_dir(root / "model", family="llama", num_layers=4, tie_word_embeddings=True)
-    # GSM8K questions whose answers are 5 or 7; the model answers either, in the right format, so
-    # groups mix rewards 0 and 1 and the policy gradient is not zero.
-    questions = [json.loads(line)["question"] for line in
-                 (SHARED / "data" / "gsm8k" / "train.jsonl").read_text().splitlines()[:24]]
-    teach_answer_format(model, [format_prompt(q) for q in questions[:8]], ["5", "7"])
+    # Short questions whose answers are 5 or 7; the model is taught to answer either, in the right
+    # format, so groups mix rewards 0 and 1 and the policy gradient is not zero.
+    questions = [f"What is {a} plus {b}?" for a, b in zip(range(1, 9), range(3, 11))]
+    teach_answer_format(model, [format_prompt(q, "r1_short") for q in questions], ["5", "7"], steps=100)
     data = write_gsm8k_dir(root / "gsm8k", {
-        "train": [(q, "5" if i % 2 else "7") for i, q in enumerate(questions[:16])],
-        "test": [(q, "5") for q in questions[16:24]]})
+        "train": [(q, "5" if i % 2 else "7") for i, q in enumerate(questions)],
+        "test": [(q, "5") for q in questions[:4]]})
     out = root / "run"
-    common = (f"model.path={model}", f"data.source={data}", f"output.dir={out}")
+    common = (f"model.path={model}", f"data.source={data}", f"output.dir={out}",
+              "sampling.repetition_penalty=1.0",  # the taught answer repeats prompt tokens
+              "data.prompt_template=r1_short")
     t0 = time.time()
     first = launch(*common, "schedule.steps=3")
     first_s = time.time() - t0
@@ -128,7 +129,7 @@ def test_resume_continues_with_the_same_next_batch(tiny_run):
     assert steps[:3] == tiny_run["steps_after_first"]
     assert "resuming from" in tiny_run["second"].stderr and "(step 3)" in tiny_run["second"].stderr
     # The data position survived the restart: step 4 drew the sampler's 4th batch.
-    expected = PromptSampler(16, 2, seed=0)
+    expected = PromptSampler(8, 2, seed=0)
     batches = [expected.next_batch() for _ in range(4)]
     assert [s["prompt_indices"] for s in steps] == batches
     # Only the newest complete checkpoints are kept, none half-written.
@@ -154,3 +155,22 @@ def test_a_failing_rank_stops_the_whole_launch(tiny_run, tmp_path):
     assert res.returncode != 0
     assert "rlft: rank 3 (sampler) failed: FileNotFoundError" in res.stderr
     assert took < 120
+
+
+def test_vllm_backend_runs_the_same_topology(tiny_run, tmp_path):
+    pytest.importorskip("vllm")
+    out = tmp_path / "vllm_run"
+    # The evaluator shares the sampler's rank (and so its vLLM engine): one engine start, not two.
+    res = launch(*tiny_run["common"][:2], f"output.dir={out}", *tiny_run["common"][3:],
+                 "sampling.backend=vllm", "topology.evaluator_rank=3",
+                 "schedule.steps=2", "schedule.save_every=0", timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    assert "VLLMEngine" in res.stderr
+    steps = read_steps(out)
+    assert [s["step"] for s in steps] == [1, 2]
+    for s in steps:
+        # vLLM on CPU repacks weights for its kernels; the checksum reads them back through them.
+        assert s["sync/engine_sum"] == pytest.approx(s["sync/policy_sum"], rel=1e-5, abs=1e-4)
+        assert s["sync/engine_abs_sum"] == pytest.approx(s["sync/policy_abs_sum"], rel=1e-6)
+        assert s["reward/format"] > 0
+    assert (out / "model" / "config.json").is_file()
