@@ -82,7 +82,8 @@ class PolicyTrainer:
 
         module = build_policy_pipeline(
             self.hf_config, roles.num_stages, self._loss_fn,
-            activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0)
+            activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0,
+            metric_names=METRIC_KEYS)
         load_hf_weights(module, model_path)
         params = [p for p in module.parameters() if p.requires_grad]
         o = cfg.optim
@@ -167,7 +168,7 @@ class PolicyTrainer:
         norm = self.engine.get_global_grad_norm()
         if norm is not None:
             out["grad_norm"] = float(norm.item() if torch.is_tensor(norm) else norm)
-        extra = self.engine.agg_additional_losses or {}
+        extra = self.engine.get_additional_losses() or {}
         out.update({k: float(v.item()) for k, v in extra.items()})
         return out
 
