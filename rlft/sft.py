@@ -25,7 +25,6 @@ import os
 import re
 import sys
 import time
-import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,13 +32,12 @@ from pathlib import Path
 import torch
 
 from rlft import checkpoint as ckpt
-from rlft.bridge import Bridge, init_policy_world
+from rlft.bridge import init_policy_world
 from rlft.config import ConfigError, RunConfig, load_config_or_exit, save_config
-from rlft.topology import RankRoles, roles_for_rank
-from rlft.tracking import Tracker, log, setup_logging
-from rlft.train import (Context, _engine_dtype, _free_port, choose_device, evaluate_existing, fail,
-                        peak_memory_gb, policy_dtype, report, restrict_gpu_for_vllm, resume_checkpoint,
-                        run_evaluation, save_checkpoint, sync_weights, vllm_options)
+from rlft.topology import RankRoles
+from rlft.tracking import Tracker, log
+from rlft.train import (Context, _engine_dtype, evaluate_existing, peak_memory_gb, policy_dtype, report,
+                        resume_checkpoint, run_evaluation, run_rank, save_checkpoint, sync_weights, vllm_options)
 
 # Reasons a training row is left out (counted and logged once).
 SKIP_NO_SOLUTION = "no_solution"  # no worked solution, or one format_sft_target cannot rewrite
@@ -393,36 +391,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     if args.check_config:
         return
-    rank = int(os.environ.setdefault("RANK", "0"))
-    world = int(os.environ.setdefault("WORLD_SIZE", "1"))
-    os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed reads it; absent outside the launcher
-    if world != cfg.world_size():
-        print(f"rlft: config error: topology needs {cfg.world_size()} ranks but {world} were launched "
-              f"(use launch/sft.sh, which starts the right number)", file=sys.stderr)
-        raise SystemExit(2)
-    roles = roles_for_rank(cfg.topology, rank)
-    setup_logging(rank, role_label(roles))
-    try:
-        restrict_gpu_for_vllm(cfg, roles)
-        device = choose_device(cfg, roles)
-        port = int(os.environ.get("MASTER_PORT", "0")) or _free_port()
-        bridge = Bridge(rank, world, master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), master_port=port,
-                        use_nccl=device.type == "cuda")
-    except ConfigError as e:
-        print(f"rlft: config error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    ctx = SFTContext(cfg=cfg, roles=roles, bridge=bridge, device=device, model_path="", tokenizer=None)
-    try:
-        run(ctx)
-    except ConfigError as e:
-        fail(bridge, roles, f"config error: {e}", exit_code=2)
-    except BaseException as e:  # noqa: BLE001 - any failure must take the whole launch down promptly
-        traceback.print_exc()
-        fail(bridge, roles, f"{type(e).__name__}: {e}", exit_code=1)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip interpreter teardown: engines' child processes and DeepSpeed's groups can hang it.
-    os._exit(0)
+    run_rank(cfg, run, context_cls=SFTContext, launcher="launch/sft.sh", role_label=role_label)
 
 
 if __name__ == "__main__":

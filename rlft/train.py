@@ -84,8 +84,11 @@ def grpo_step(ctx: Context, step: int) -> dict:
     if roles.sampler:
         with ctx.timed("sample"):
             indices = ctx.prompt_sampler.next_batch()
+            ctx.engine.wake()
             rollout = ctx.sampler.rollout([ctx.train_examples[i] for i in indices], cfg.grpo.group_size,
                                           seed=cfg.seed * 1_000_003 + step)
+            if cfg.sampling.vllm.sleep_mode:
+                ctx.engine.sleep()  # give the GPU's memory to the policy until the next sync
 
         # 2. Grade, then group-normalised advantages.
         with ctx.timed("grade"):
@@ -187,6 +190,8 @@ def sync_weights(ctx: Context) -> dict:
     if t.evaluator_rank != t.sampler_rank:
         targets.append(t.evaluator_rank)
     engines = list({id(e): e for e in (ctx.engine, ctx.eval_engine) if e is not None}.values())
+    for e in engines:
+        e.wake()
     out: dict = {}
     for target in targets:
         for stage in range(t.pipeline_stages):
@@ -554,18 +559,19 @@ def parse_args(argv: list[str] | None = None):
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    cfg = load_config_or_exit(args.config, args.overrides)
+def run_rank(cfg: RunConfig, run_fn, *, context_cls=Context, launcher: str = "launch/train.sh",
+             role_label=None) -> None:
+    """Everything a rank does around its work: roles, device, bridge, then `run_fn(ctx)`; on any
+    failure one line naming the rank and the cause, and an exit that brings the launch down."""
     rank = int(os.environ.setdefault("RANK", "0"))
     world = int(os.environ.setdefault("WORLD_SIZE", "1"))
     os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed reads it; absent outside the launcher
     if world != cfg.world_size():
         print(f"rlft: config error: topology needs {cfg.world_size()} ranks but {world} were launched "
-              f"(use launch/train.sh, which starts the right number)", file=sys.stderr)
+              f"(use {launcher}, which starts the right number)", file=sys.stderr)
         raise SystemExit(2)
     roles = roles_for_rank(cfg.topology, rank)
-    setup_logging(rank, "+".join(n.split("[")[0] for n in roles.names()))
+    setup_logging(rank, role_label(roles) if role_label else "+".join(n.split("[")[0] for n in roles.names()))
     try:
         restrict_gpu_for_vllm(cfg, roles)
         device = choose_device(cfg, roles)
@@ -575,27 +581,68 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         print(f"rlft: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    ctx = Context(cfg=cfg, roles=roles, bridge=bridge, device=device, model_path="", tokenizer=None)
+    ctx = context_cls(cfg=cfg, roles=roles, bridge=bridge, device=device, model_path="", tokenizer=None)
     try:
-        run(ctx)
+        run_fn(ctx)
     except ConfigError as e:
-        fail(bridge, roles, f"config error: {e}", exit_code=2)
+        fail(bridge, roles, f"config error: {e}", exit_code=2, ctx=ctx)
     except BaseException as e:  # noqa: BLE001 - any failure must take the whole launch down promptly
-        traceback.print_exc()
-        fail(bridge, roles, f"{type(e).__name__}: {e}", exit_code=1)
+        fail(bridge, roles, f"{type(e).__name__}: {e}", exit_code=1, ctx=ctx, trace=True)
+    exit_rank(0, ctx)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    run_rank(load_config_or_exit(args.config, args.overrides), run)
+
+
+def fail(bridge: Bridge, roles: RankRoles, message: str, exit_code: int, ctx: Context | None = None,
+         trace: bool = False) -> None:
+    """Name the rank and the cause, then exit at once: the launcher then stops every other rank.
+
+    The first rank to fail records its message on the bridge; ranks that fail because of it (a
+    peer vanished mid-collective) say so in one line instead of repeating a transport error."""
+    text = f"rlft: {roles.describe()} failed: {message}"
+    if any(sign in message for sign in _PEER_GONE):
+        # A peer vanished mid-collective: the launcher is already stopping everyone, and the rank
+        # that failed first has said why (the store that would name it may be gone already).
+        print(f"rlft: {roles.describe()} stopping: lost contact with another rank (its own 'failed' line "
+              f"names the cause)", file=sys.stderr, flush=True)
+        exit_rank(exit_code, ctx, graceful=False)
+    bridge.report_failure(text)
+    first = bridge.failure()
+    if first is None or first == text:
+        if trace:
+            traceback.print_exc()
+        print(text, file=sys.stderr, flush=True)
+    else:
+        print(f"rlft: {roles.describe()} stopping, because {first.removeprefix('rlft: ')}", file=sys.stderr,
+              flush=True)
+    exit_rank(exit_code, ctx, graceful=False)
+
+
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
+
+
+def exit_rank(code: int, ctx: Context | None, *, graceful: bool = True) -> None:
+    """Stop this rank's helpers (engine processes, grading workers) and leave without interpreter
+    teardown, which DeepSpeed's groups and engine threads can hang."""
+    if ctx is not None and graceful:
+        for engine in {id(e): e for e in (ctx.engine, ctx.eval_engine) if e is not None}.values():
+            try:
+                engine.close()
+            except Exception:  # noqa: BLE001 - leaving anyway; the children are killed below
+                pass
+    try:
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            child.kill()
+    except Exception:  # noqa: BLE001
+        pass
     sys.stdout.flush()
     sys.stderr.flush()
-    # Skip interpreter teardown: engines' child processes and DeepSpeed's groups can hang it.
-    os._exit(0)
-
-
-def fail(bridge: Bridge, roles: RankRoles, message: str, exit_code: int) -> None:
-    """Name the rank and the cause, then exit at once: the launcher then stops every other rank."""
-    text = f"rlft: {roles.describe()} failed: {message}"
-    bridge.report_failure(text)
-    print(text, file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(exit_code)
+    os._exit(code)
 
 
 if __name__ == "__main__":

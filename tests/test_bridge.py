@@ -1,7 +1,6 @@
 """The bridge group between ranks outside DeepSpeed's world: objects, gathers, named tensors."""
 import socket
 
-import pytest
 import torch
 import torch.multiprocessing as mp
 

@@ -78,21 +78,29 @@ def test_tensorboard_holds_the_step_scalars(tiny_run):
     assert [e.step for e in acc.Scalars("eval/accuracy")] == [2, 3, 4]  # every 2 steps + after the last
     lr = acc.Scalars("lr")[0].value
     assert lr == pytest.approx(1e-5)
-    assert all(e.value > 0 for e in acc.Scalars("grad_norm"))
 
 
 def test_rollouts_earn_mixed_rewards(tiny_run):
     steps = read_steps(tiny_run["out"])
     assert all(s["reward/format"] > 0 for s in steps)
     assert 0 < sum(s["reward/mean"] for s in steps) / len(steps) < 1
-    assert any(abs(s["pg_loss"]) > 0 for s in steps)
+    # A group whose rewards differ gives the policy a gradient; when every group is uniform the
+    # advantages are all zero and only the (tiny) KL term remains.
+    for s in steps:
+        if s["batch/zero_variance_group_fraction"] < 1:
+            assert s["grad_norm"] > 1e-2, s
+        else:
+            assert s["grad_norm"] < 1e-2, s
+    assert any(s["batch/zero_variance_group_fraction"] < 1 for s in steps)
 
 
 def test_kl_and_entropy_are_real_numbers(tiny_run):
     steps = read_steps(tiny_run["out"])
-    # Step 1: the policy still equals the reference, so KL is exactly 0; later steps move away.
+    # Step 1: the policy still equals the reference, so KL is 0; after the first step with a
+    # gradient the policy has moved away from it.
     assert steps[0]["kl"] == pytest.approx(0.0, abs=1e-7)
-    assert steps[1]["kl"] > 0
+    moved = [cur["kl"] for prev, cur in zip(steps, steps[1:]) if prev["grad_norm"] > 1e-2]
+    assert moved and all(kl > 0 for kl in moved)
     assert all(s["entropy"] > 0 for s in steps)
     # On-policy, one epoch per rollout: ratio exactly 1, nothing clipped.
     assert all(s["clip_fraction"] == 0 and s["ratio_mean"] == pytest.approx(1.0) for s in steps)
@@ -147,14 +155,20 @@ def test_finished_output_is_evaluated_not_retrained(tiny_run):
 
 
 def test_a_failing_rank_stops_the_whole_launch(tiny_run, tmp_path):
-    # The sampler (rank 3) cannot read its data; everyone else waits for it on the bridge.
+    # Only the sampler (rank 3) reads the train split, and it is missing; everyone else waits for
+    # the sampler on the bridge and must not hang there.
     t0 = time.time()
-    res = launch(f"model.path={tiny_run['model']}", f"data.source={tmp_path / 'missing'}",
+    res = launch(f"model.path={tiny_run['model']}", f"data.source={tiny_run['data']}", "data.train_split=nosuch",
                  f"output.dir={tmp_path / 'out'}", timeout=300)
     took = time.time() - t0
     assert res.returncode != 0
-    assert "rlft: rank 3 (sampler) failed: FileNotFoundError" in res.stderr
+    failed = [line for line in res.stderr.splitlines() if line.startswith("rlft: rank") and " failed: " in line]
+    assert len(failed) == 1 and failed[0].startswith("rlft: rank 3 (sampler) failed: "), failed
+    assert "nosuch" in failed[0]
+    # The others say why they stop instead of repeating a transport error.
+    assert "stopping: lost contact with another rank" in res.stderr
     assert took < 120
+    assert not (tmp_path / "out" / "checkpoints").exists()
 
 
 def test_vllm_backend_runs_the_same_topology(tiny_run, tmp_path):
