@@ -148,6 +148,16 @@ def copy_tree_atomic(src: str | Path, dst: str | Path) -> None:
     os.replace(tmp, dst)
 
 
+def finished_model(out_dir: str | Path, total_steps: int) -> Path | None:
+    """OUT/model when it holds a model trained to `total_steps` (or one placed there by hand, with no
+    record of its steps): the entry rule evaluates it instead of training again."""
+    final = Path(out_dir) / "model"
+    done = final / FINAL_STATE_FILE
+    if has_weights(final) and (not done.is_file() or read_json(done)["step"] >= total_steps):
+        return final
+    return None
+
+
 def has_weights(model_dir: str | Path) -> bool:
     d = Path(model_dir)
     return d.is_dir() and (d / "config.json").is_file() and (

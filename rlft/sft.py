@@ -348,9 +348,8 @@ def run(ctx: SFTContext) -> None:
     info = bridge.broadcast_object(info, src=cfg.topology.sampler_rank)
     cfg.schedule.steps = info["total_steps"]
 
-    final = out / "model"
-    done = final / ckpt.FINAL_STATE_FILE
-    if ckpt.has_weights(final) and (not done.is_file() or ckpt.read_json(done)["step"] >= cfg.schedule.steps):
+    final = ckpt.finished_model(out, cfg.schedule.steps)
+    if final is not None:
         ctx.tokenizer = load_tokenizer(str(final))
         evaluate_existing(ctx, final)
         return

@@ -46,9 +46,11 @@ class Tracker:
 
 
 def format_samples(rows: list[dict]) -> str:
-    """Markdown for TensorBoard's text tab: prompt tail, response, reward."""
+    """Markdown for TensorBoard's text tab: reward, ground truth, question and the completion."""
     parts = []
     for r in rows:
-        parts.append(f"**reward {r['reward']:.0f} (format {r['format_reward']:.0f}) — truth `{r['ground_truth']}`**"
-                     f"\n\n    {r['question']}\n\n    <think>{r['response']}".replace("\n", "\n    "))
+        question = " ".join(r["question"].split())
+        response = "    " + ("<think>" + r["response"]).replace("\n", "\n    ")  # a code block keeps it verbatim
+        parts.append(f"**reward {r['reward']:.0f} (format {r['format_reward']:.0f}), ground truth "
+                     f"`{r['ground_truth']}`**\n\n> {question}\n\n{response}")
     return "\n\n---\n\n".join(parts)

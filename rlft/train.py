@@ -529,9 +529,8 @@ def run(ctx: Context) -> None:
 
     cfg = ctx.cfg
     out = Path(cfg.output.dir)
-    final = out / "model"
-    done = final / ckpt.FINAL_STATE_FILE
-    if ckpt.has_weights(final) and (not done.is_file() or ckpt.read_json(done)["step"] >= cfg.schedule.steps):
+    final = ckpt.finished_model(out, cfg.schedule.steps)
+    if final is not None:
         ctx.tokenizer = load_tokenizer(str(final))
         evaluate_existing(ctx, final)
         return
