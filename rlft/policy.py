@@ -128,12 +128,13 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------ data
 
-    def _replica_rows(self, batch: dict) -> slice:
+    def replica_rows(self) -> slice:
+        """The rows of the step's batch that this replica trains on."""
         n = self.per_replica
         return slice(self.roles.replica * n, (self.roles.replica + 1) * n)
 
     def _micro_batches(self, batch: dict, with_labels: bool):
-        rows = self._replica_rows(batch)
+        rows = self.replica_rows()
         mb = self.cfg.optim.train_micro_batch_size
         B = batch["input_ids"][rows].shape[0]
         zeros = torch.zeros_like(batch["response_mask"][rows], dtype=torch.float32)
@@ -147,10 +148,11 @@ class PolicyTrainer:
         }
         self._num_tokens_total = float(full["response_mask"].sum().clamp(min=1))
         for i in range(0, B, mb):
-            ids, attn, mask, old, ref = _trim_right(
-                full["input_ids"][i:i + mb], full["attention_mask"][i:i + mb], full["response_mask"][i:i + mb],
-                full["old_logprobs"][i:i + mb], full["ref_logprobs"][i:i + mb],
-                attention_mask=full["attention_mask"][i:i + mb])
+            parts = [full[k][i:i + mb] for k in ("input_ids", "attention_mask", "response_mask", "old_logprobs",
+                                                 "ref_logprobs")]
+            # Training trims each micro-batch to its own length. Inference keeps the batch's width:
+            # DeepSpeed's eval_batch sums the micro-batch outputs, so their shapes must agree.
+            ids, attn, mask, old, ref = _trim_right(*parts, attention_mask=parts[1]) if with_labels else parts
             inputs = (ids.to(self.device), attn.to(self.device))
             if not with_labels:
                 yield inputs, None

@@ -133,7 +133,7 @@ def grpo_step(ctx: Context, step: int) -> dict:
                 old = ctx.policy.logprobs(batch)
                 if old is not None:
                     full = torch.zeros_like(batch["response_mask"], dtype=torch.float32)
-                    full[ctx.policy._replica_rows(batch)] = old
+                    full[ctx.policy.replica_rows()] = old
                     batch["old_logprobs"] = full
             for _ in range(cfg.grpo.epochs_per_rollout):
                 train_metrics = ctx.policy.train(batch)

@@ -188,3 +188,16 @@ def test_vllm_backend_runs_the_same_topology(tiny_run, tmp_path):
         assert s["sync/engine_abs_sum"] == pytest.approx(s["sync/policy_abs_sum"], rel=1e-6)
         assert s["reward/format"] > 0
     assert (out / "model" / "config.json").is_file()
+
+
+def test_several_epochs_per_rollout_use_the_sampling_policy_as_old(tiny_run, tmp_path):
+    # Two optimizer steps per rollout: old log-probs come from the pipeline before the first, so in
+    # the second epoch the ratio moves away from 1 wherever the first epoch had a gradient.
+    out = tmp_path / "epochs"
+    res = launch(*tiny_run["common"][:2], f"output.dir={out}", *tiny_run["common"][3:], "schedule.steps=2",
+                 "schedule.save_every=0", "grpo.epochs_per_rollout=2", "optim.lr=1e-3")
+    assert res.returncode == 0, res.stderr[-4000:]
+    steps = read_steps(out)
+    moved = [s for s in steps if s["batch/zero_variance_group_fraction"] < 1]
+    assert moved, steps
+    assert all(s["ratio_max"] > 1.0 for s in moved)
