@@ -16,7 +16,7 @@ from transformers import AutoConfig
 
 from rlft import grpo
 from rlft.config import RunConfig
-from rlft.pipeline import build_policy_pipeline, export_hf_state_dict, load_hf_weights
+from rlft.pipeline import build_policy_pipeline, export_hf_state_dict, load_hf_weights, pipeline_logprobs
 from rlft.topology import RankRoles, check_stages_vs_layers
 
 DS_CONFIG_DIR = Path(__file__).resolve().parent.parent / "ds_configs"
@@ -133,7 +133,8 @@ class PolicyTrainer:
         n = self.per_replica
         return slice(self.roles.replica * n, (self.roles.replica + 1) * n)
 
-    def _micro_batches(self, batch: dict, with_labels: bool):
+    def _micro_batches(self, batch: dict):
+        """This replica's training micro-batches, each trimmed to its own length."""
         rows = self.replica_rows()
         mb = self.cfg.optim.train_micro_batch_size
         B = batch["input_ids"][rows].shape[0]
@@ -150,13 +151,8 @@ class PolicyTrainer:
         for i in range(0, B, mb):
             parts = [full[k][i:i + mb] for k in ("input_ids", "attention_mask", "response_mask", "old_logprobs",
                                                  "ref_logprobs")]
-            # Training trims each micro-batch to its own length. Inference keeps the batch's width:
-            # DeepSpeed's eval_batch sums the micro-batch outputs, so their shapes must agree.
-            ids, attn, mask, old, ref = _trim_right(*parts, attention_mask=parts[1]) if with_labels else parts
+            ids, attn, mask, old, ref = _trim_right(*parts, attention_mask=parts[1])
             inputs = (ids.to(self.device), attn.to(self.device))
-            if not with_labels:
-                yield inputs, None
-                continue
             ntok = torch.full((ids.shape[0],), self._num_tokens_total)
             labels = (mask, full["advantages"][i:i + mb], full["raw_rewards"][i:i + mb], old, ref, ntok)
             yield inputs, tuple(t.to(self.device) for t in labels)
@@ -165,7 +161,7 @@ class PolicyTrainer:
 
     def train(self, batch: dict) -> dict[str, float]:
         """One optimizer step over this replica's share of `batch`; metrics on every stage."""
-        loss = self.engine.train_batch(data_iter=self._micro_batches(batch, with_labels=True))
+        loss = self.engine.train_batch(data_iter=self._micro_batches(batch))
         out = {"loss": float(loss.item()), "lr": float(self.engine.get_lr()[0])}
         norm = self.engine.get_global_grad_norm()
         if norm is not None:
@@ -177,17 +173,11 @@ class PolicyTrainer:
     @torch.no_grad()
     def logprobs(self, batch: dict) -> torch.Tensor | None:
         """Per-token log-probs [b, T-1] of this replica's rows (last stage only; None elsewhere)."""
-        self.engine.total_loss = None  # eval_batch would add into a leftover training loss
-        T = batch["input_ids"].shape[1]
-        outs = self.engine.eval_batch(self._micro_batches(batch, with_labels=False), compute_loss=False,
-                                      reduce_output=None, bcast_loss=False, num_micro_batches=self.gas)
-        if not self.engine.is_last_stage():
-            return None
-        pieces = []
-        for out in outs:
-            lp = (out[0] if isinstance(out, (list, tuple)) else out).float().cpu()
-            pieces.append(torch.nn.functional.pad(lp, (0, T - 1 - lp.shape[1])))
-        return torch.cat(pieces)
+        rows = self.replica_rows()
+        lp = pipeline_logprobs(self.engine, {"input_ids": batch["input_ids"][rows],
+                                             "attention_mask": batch["attention_mask"][rows]},
+                               self.cfg.optim.train_micro_batch_size)
+        return None if lp is None else lp.float().cpu()
 
     def export_state(self) -> dict[str, torch.Tensor]:
         """This stage's weights under HF names (shared tensors are exported by one stage only)."""
