@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from rlft.common import looks_like_hub_id
+
 logger = logging.getLogger(__name__)
 
 GSM8K_HUB_ID = "openai/gsm8k"
@@ -81,9 +83,10 @@ class LoadResult:
 _NUMBER = re.compile(r"-?(?:\d+(?:\.\d+)?|\.\d+)")
 
 
-def normalize_number(text: str) -> str | None:
-    """Strip whitespace and thousands separators; return the number text, or None if it is not a
-    plain integer/decimal (``"1,234"`` -> ``"1234"``, ``"abc"`` -> None)."""
+def plain_number(text: str) -> str | None:
+    """A ground truth's number text: whitespace and thousands separators stripped, or None when it
+    is not a plain integer/decimal (``"1,234"`` -> ``"1234"``, ``"abc"`` -> None).  Stricter than the
+    grader's reading of model answers: the data's own answers are plain numbers."""
     text = text.strip().replace(",", "")
     return text if _NUMBER.fullmatch(text) else None
 
@@ -93,7 +96,7 @@ def parse_gsm8k_ground_truth(answer: str) -> str | None:
     ``####`` or what follows is not a number."""
     if "####" not in answer:
         return None
-    return normalize_number(answer.rsplit("####", 1)[1])
+    return plain_number(answer.rsplit("####", 1)[1])
 
 
 def _row_to_example(row: Any, source: str, index: int, skipped: Counter) -> Example | None:
@@ -177,13 +180,6 @@ def _load_local(path: Path, split: str) -> LoadResult:
     return LoadResult(examples, dict(skipped))
 
 
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
-
-
-def _looks_like_hub_id(source: str) -> bool:
-    return bool(_HUB_ID.fullmatch(source)) and not source.endswith((".jsonl", ".parquet", ".json"))
-
-
 def _load_hub(source: str, split: str) -> LoadResult:
     import datasets
 
@@ -229,7 +225,7 @@ def load_gsm8k(source: str, split: str) -> LoadResult:
     path = Path(source).expanduser()
     if path.exists():
         result = _load_local(path, split)
-    elif _looks_like_hub_id(source):
+    elif looks_like_hub_id(source):
         result = _load_hub(source, split)
     else:
         raise FileNotFoundError(
@@ -256,7 +252,7 @@ def load_gsm_symbolic(size: int, seed: int) -> LoadResult:
     examples = []
     for index in range(size):
         entry = dataset[index]
-        truth = normalize_number(str(entry["answer"]))
+        truth = plain_number(str(entry["answer"]))
         if truth is None:
             skipped[SKIP_NON_NUMERIC_ANSWER] += 1
             continue

@@ -26,11 +26,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlft.common import DTYPE_CHOICES, looks_like_hub_id, resolve_dtype
+
 PROG = "rlft.evaluate"
 EXIT_BAD_INPUT = 2
 GSM8K_ALIAS = "gsm8k"
 _SPLIT = re.compile(r"[A-Za-z0-9_.\-]+")
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
 
 
 class InputError(ValueError):
@@ -77,7 +78,7 @@ def parse_data_arg(text: str) -> DataSpec:
         return DataSpec(str(path), split, _slug(f"{path.parent.name}_{path.stem}"))
     if path.is_dir():
         return DataSpec(str(path), split, _slug(f"{path.name}_{split}"))
-    if _HUB_ID.fullmatch(base) and not base.endswith((".jsonl", ".parquet", ".json")):
+    if looks_like_hub_id(base):
         return DataSpec(base, split, _slug(f"{base.split('/')[-1]}_{split}"))
     raise InputError(
         f"unknown data source {base!r}: not an existing file or directory; use {GSM8K_ALIAS}[:split], "
@@ -109,7 +110,8 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rlft.config import BACKENDS, DTYPES, SamplingConfig
+    from rlft.config import SamplingConfig
+    from rlft.engines import BACKENDS
 
     d = SamplingConfig()
     p = _OneLineParser(prog=f"python -m {PROG}", description=__doc__,
@@ -131,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="rollout engine; auto = vLLM when installed and supported, else HF generate "
                         "(default: %(default)s)")
-    p.add_argument("--dtype", choices=DTYPES, default="auto",
-                   help="engine dtype; auto = bf16 on GPU, fp32 on CPU (default: %(default)s)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                   help="engine dtype on a GPU; auto = bf16 (CPU runs fp32) (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=64,
                    help="prompts per generate call (default: %(default)s)")
     p.add_argument("--prompt-template", default="r1_zero",
@@ -175,18 +177,6 @@ def build_spec(args: argparse.Namespace):
     # A forced minimum longer than the budget is impossible; cap it.
     cfg.min_tokens = min(cfg.min_tokens, args.max_tokens)
     return sampling_spec(cfg, n=args.k, seed=args.seed, evaluation=True)
-
-
-# Engine dtype names (vLLM knows only the long ones) for the config's short names.
-_ENGINE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
-
-def engine_dtype(dtype: str, device: str) -> str:
-    """``--dtype`` -> the engine's dtype name: ``auto`` is bf16 on GPU and fp32 on CPU (CPU
-    kernels are fastest and exact in fp32, and a fp32 checkpoint would otherwise stay fp32 on GPU)."""
-    if dtype == "auto":
-        return "bfloat16" if device.startswith("cuda") else "float32"
-    return _ENGINE_DTYPES[dtype]
 
 
 def format_summary(summary: dict) -> str:
@@ -255,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
           f"temperature={spec.temperature}, max_tokens={spec.max_tokens}, device={device})", file=sys.stderr)
     try:
         tokenizer = load_tokenizer(model_path, padding_side="left")
-        engine = make_engine(args.backend, model_path, dtype=engine_dtype(args.dtype, device), device=device,
+        engine = make_engine(args.backend, model_path, dtype=resolve_dtype(args.dtype, device), device=device,
                              seed=args.seed, tokenizer=tokenizer)
     except OSError as exc:  # e.g. a hub id while offline, or a directory without a tokenizer
         print(f"{PROG}: error: could not load {args.model!r}: {_one_line(exc)}", file=sys.stderr)

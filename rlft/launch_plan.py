@@ -8,16 +8,10 @@ Exit status 2 with one line on stderr for any config mistake, before anything is
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 
+from rlft.common import free_port
 from rlft.config import load_config_or_exit
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_model_layers(cfg) -> None:

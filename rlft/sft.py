@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 from collections import Counter
@@ -33,6 +32,7 @@ import torch
 
 from rlft import checkpoint as ckpt
 from rlft.bridge import init_policy_world
+from rlft.common import looks_like_hub_id
 from rlft.config import ConfigError, RunConfig, load_config_or_exit, save_config
 from rlft.topology import RankRoles
 from rlft.tracking import Tracker, log
@@ -145,9 +145,6 @@ def check_sft_config(cfg: RunConfig) -> None:
                           f"micro-batches of optim.train_micro_batch_size={micro}")
 
 
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
-
-
 def check_init_checkpoint(path: str | None) -> None:
     """Refuse an `output.init_checkpoint` that names no model, saying how to make one.
 
@@ -170,7 +167,7 @@ def check_init_checkpoint(path: str | None) -> None:
         if p.suffix == ".gguf":
             return
         raise ConfigError(f"output.init_checkpoint: {path} is a file, not a model directory or a .gguf; {SFT_HINT}")
-    if _HUB_ID.fullmatch(path) and not Path(path.split("/")[0]).expanduser().is_dir():
+    if looks_like_hub_id(path):
         return
     raise ConfigError(f"output.init_checkpoint: {path} does not exist; {SFT_HINT}")
 

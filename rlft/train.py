@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
 import traceback
@@ -26,6 +25,7 @@ import torch
 
 from rlft import checkpoint as ckpt
 from rlft.bridge import Bridge, init_policy_world
+from rlft.common import free_port, resolve_dtype
 from rlft.config import ConfigError, RunConfig, load_config_or_exit, save_config
 from rlft.topology import RankRoles, policy_rank_of, roles_for_rank
 from rlft.tracking import Tracker, format_samples, log, setup_logging
@@ -308,7 +308,8 @@ def resume_checkpoint(ctx: Context) -> int:
 
 
 def policy_dtype(ctx: Context) -> torch.dtype:
-    return torch.bfloat16 if ctx.device.type == "cuda" and ctx.cfg.model.dtype in ("auto", "bf16") else torch.float32
+    """The pipeline trains in bfloat16 or float32 (its DeepSpeed templates)."""
+    return torch.bfloat16 if _engine_dtype(ctx) == "bfloat16" else torch.float32
 
 
 def _load_hf_config(path: str):
@@ -408,15 +409,7 @@ def restrict_gpu_for_vllm(cfg: RunConfig, roles: RankRoles) -> None:
 
 
 def _engine_dtype(ctx: Context) -> str:
-    if ctx.device.type == "cpu":
-        return "fp32"
-    return {"auto": "bf16"}.get(ctx.cfg.model.dtype, ctx.cfg.model.dtype)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return resolve_dtype(ctx.cfg.model.dtype, ctx.device.type)
 
 
 # ====================================================================== entry
@@ -574,7 +567,7 @@ def run_rank(cfg: RunConfig, run_fn, *, context_cls=Context, launcher: str = "la
     try:
         restrict_gpu_for_vllm(cfg, roles)
         device = choose_device(cfg, roles)
-        port = int(os.environ.get("MASTER_PORT", "0")) or _free_port()
+        port = int(os.environ.get("MASTER_PORT", "0")) or free_port()
         bridge = Bridge(rank, world, master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), master_port=port,
                         use_nccl=device.type == "cuda")
     except ConfigError as e:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from rlft.common import dtype_name
 from rlft.engines.base import (
     Completion,
     EngineUnavailable,
@@ -21,7 +22,6 @@ from rlft.engines.base import (
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "hf", "vllm")
-_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # the config's short names
 
 
 def _vllm_usable(model_path: str, device: str) -> tuple[bool, str]:
@@ -68,7 +68,7 @@ def make_engine(
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown rollout backend {backend!r}; expected one of {BACKENDS}")
-    dtype = _DTYPE_NAMES.get(dtype, dtype)
+    dtype = dtype_name(dtype)
     if backend == "auto":
         usable, why = _vllm_usable(model_path, device)
         backend = "vllm" if usable else "hf"

@@ -30,31 +30,10 @@ from transformers import (
     StoppingCriteriaList,
 )
 
+from rlft.common import torch_dtype
 from rlft.engines.base import Completion, RolloutEngine, SamplingSpec, weights_checksum_of
 
 logger = logging.getLogger(__name__)
-
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
-def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
-    """``"bfloat16"``/``"bf16"``/... -> ``torch.dtype``; ``"auto"``/``None`` -> ``None``."""
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return None
-    try:
-        return _DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)} or 'auto'") from None
-
 
 class VLLMStyleLogitsProcessor(LogitsProcessor):
     """Repetition penalty (ignoring left padding), temperature and top-p, in vLLM's order.
@@ -199,15 +178,15 @@ class HFEngine(RolloutEngine):
         tokenizer=None,
         max_batch_sequences: int = 64,
     ):
-        torch_dtype = resolve_dtype(dtype)
+        dtype = torch_dtype(dtype)
         if isinstance(model, str):
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(model)
-            model = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype or "auto")
+            model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or "auto")
         elif tokenizer is None:
             raise ValueError("HFEngine needs a tokenizer when given a model object")
-        if torch_dtype is not None:
-            model = model.to(torch_dtype)
+        if dtype is not None:
+            model = model.to(dtype)
         self.model = model.to(device).eval()
         self.device = torch.device(device)
         self.tokenizer = tokenizer

@@ -1,0 +1,69 @@
+"""Small rules several modules share, each written once: what a hub id looks like, dtype names and
+the one dtype rule, and a free TCP port.  Nothing here imports torch at module level."""
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+
+# ---------------------------------------------------------------- hub ids
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
+# Endings that mark a local file, never a hub repository.
+LOCAL_FILE_SUFFIXES = (".jsonl", ".parquet", ".json", ".gguf")
+
+
+def looks_like_hub_id(text: str) -> bool:
+    """Whether `text` names a Hugging Face hub repository (`org/name`) rather than a local path.
+
+    Not when it ends like a local data or model file, nor when its first part is a local directory
+    (`runs/sft` with a `runs/` folder here means a local path that does not exist)."""
+    return (bool(HUB_ID.fullmatch(text)) and not text.endswith(LOCAL_FILE_SUFFIXES)
+            and not Path(text.split("/")[0]).expanduser().is_dir())
+
+
+# ---------------------------------------------------------------- dtypes
+
+# The config's short names and the long names torch, transformers and vLLM use.
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPE_CHOICES = ("auto", *DTYPE_NAMES)
+
+
+def dtype_name(dtype: str) -> str:
+    """A short or long dtype name -> the long one (``"bf16"`` -> ``"bfloat16"``); ``"auto"`` stays."""
+    if dtype == "auto" or dtype in DTYPE_NAMES.values():
+        return dtype
+    if dtype in DTYPE_NAMES:
+        return DTYPE_NAMES[dtype]
+    raise ValueError(f"unknown dtype {dtype!r}: use 'auto', {', '.join(repr(n) for n in DTYPE_NAMES)} "
+                     f"or their long names")
+
+
+def torch_dtype(dtype):
+    """A dtype name (or a torch dtype) -> the torch dtype; ``"auto"`` and None -> None."""
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    name = dtype_name(dtype)
+    return None if name == "auto" else getattr(torch, name)
+
+
+def resolve_dtype(dtype: str, device_type: str) -> str:
+    """The one dtype rule, for every model a run or an evaluation loads: on CPU float32 (its kernels
+    are fastest and exact there); on a GPU ``auto`` is bfloat16 and an explicit name is kept.
+    Returns the long name."""
+    name = dtype_name(dtype)
+    if device_type != "cuda":
+        return "float32"
+    return "bfloat16" if name == "auto" else name
+
+
+# ---------------------------------------------------------------- ports
+
+
+def free_port() -> int:
+    """A TCP port that is free on this machine now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
