@@ -20,11 +20,11 @@ from typing import Any
 
 import yaml
 
-LOSS_TYPES = ("no_baseline", "reinforce_with_baseline", "grpo_clip", "dapo")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-AGGREGATIONS = ("sequence", "token", "constant")
-BACKENDS = ("auto", "hf", "vllm")
-DTYPES = ("auto", "bf16", "fp16", "fp32")
+# The allowed values of the choice settings are read from where each choice is implemented, so a
+# new loss, KL estimator, aggregation or backend is accepted as soon as it is registered there.
+from rlft.common import DTYPE_CHOICES
+from rlft.engines import BACKENDS
+from rlft.grpo import AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
 
 
 class ConfigError(ValueError):
@@ -89,6 +89,17 @@ class GRPOConfig:
     old_logprobs: str = "policy"  # policy = the weights that sampled; reference = the original's frozen model
     epochs_per_rollout: int = 1
 
+    @property
+    def needs_reference(self) -> bool:
+        """The frozen reference's log-probs enter the loss (KL, or the original's old log-probs)."""
+        return self.kl_coef > 0 or self.old_logprobs == "reference"
+
+    @property
+    def recomputes_old_logprobs(self) -> bool:
+        """Several optimizer steps per rollout: the sampling policy's log-probs are computed once
+        before the first (with one step they equal the current log-probs)."""
+        return self.epochs_per_rollout > 1 and self.old_logprobs == "policy"
+
 
 @dataclass
 class OptimConfig:
@@ -123,6 +134,10 @@ class TopologyConfig:
     reference_rank: int = 6
     evaluator_rank: int = 5
     nodes: int = 1  # >1: launch/train.sh expects a hostfile (output.hostfile)
+
+    def world_size(self) -> int:
+        """Ranks of one launch: every rank up to the highest one named."""
+        return max([*self.policy_ranks, self.sampler_rank, self.reference_rank, self.evaluator_rank]) + 1
 
 
 @dataclass
@@ -162,9 +177,7 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def world_size(self) -> int:
-        from rlft.topology import world_size
-
-        return world_size(self.topology)
+        return self.topology.world_size()
 
 
 # ---------------------------------------------------------------- building from plain data
@@ -311,14 +324,14 @@ def _require(ok: bool, message: str) -> None:
 def validate(cfg: RunConfig) -> RunConfig:
     """Range and consistency checks that types alone cannot express."""
     g, s, o, sch, t, m = cfg.grpo, cfg.sampling, cfg.optim, cfg.schedule, cfg.topology, cfg.model
-    _require(m.dtype in DTYPES, f"model.dtype: must be one of {', '.join(DTYPES)}, got '{m.dtype}'")
+    _require(m.dtype in DTYPE_CHOICES, f"model.dtype: must be one of {', '.join(DTYPE_CHOICES)}, got '{m.dtype}'")
     _require(m.attn_implementation in ("sdpa", "eager"),
              f"model.attn_implementation: must be sdpa or eager, got '{m.attn_implementation}'")
     _require(m.padding_side in ("left", "right"), f"model.padding_side: must be left or right, got '{m.padding_side}'")
     _require(bool(m.path), "model.path: must not be empty")
     _require(g.group_size >= 1, f"grpo.group_size: must be >= 1, got {g.group_size}")
-    _require(g.loss_type in LOSS_TYPES,
-             f"grpo.loss_type: unknown loss '{g.loss_type}' (valid: {', '.join(LOSS_TYPES)})")
+    _require(g.loss_type in POLICY_LOSSES,
+             f"grpo.loss_type: unknown loss '{g.loss_type}' (valid: {', '.join(POLICY_LOSSES)})")
     _require(g.cliprange > 0, f"grpo.cliprange: must be > 0, got {g.cliprange}")
     if g.loss_type == "dapo":
         _require(g.cliprange_high is not None, "grpo.cliprange_high: required when grpo.loss_type is dapo")
@@ -328,8 +341,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(g.kl_coef >= 0, f"grpo.kl_coef: must be >= 0, got {g.kl_coef}")
     _require(g.kl_estimator in KL_ESTIMATORS,
              f"grpo.kl_estimator: must be one of {', '.join(KL_ESTIMATORS)}, got '{g.kl_estimator}'")
-    _require(g.aggregation in AGGREGATIONS,
-             f"grpo.aggregation: must be one of {', '.join(AGGREGATIONS)}, got '{g.aggregation}'")
+    _require(g.aggregation in AGGREGATION_MODES,
+             f"grpo.aggregation: must be one of {', '.join(AGGREGATION_MODES)}, got '{g.aggregation}'")
     _require(g.old_logprobs in ("policy", "reference"),
              f"grpo.old_logprobs: must be policy or reference, got '{g.old_logprobs}'")
     _require(g.epochs_per_rollout >= 1, f"grpo.epochs_per_rollout: must be >= 1, got {g.epochs_per_rollout}")
@@ -394,8 +407,6 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(sft.train_size is None or sft.train_size >= 1,
              f"sft.train_size: must be >= 1 or null, got {sft.train_size}")
 
-    from rlft.topology import check_topology  # local import: topology imports this module
-
     check_topology(t)
     dp = len(t.policy_ranks) // t.pipeline_stages
     per_replica = o.rollout_batch_size // dp if dp else 0
@@ -403,6 +414,31 @@ def validate(cfg: RunConfig) -> RunConfig:
              f"optim.rollout_batch_size: {o.rollout_batch_size} must split evenly into {dp} data-parallel "
              f"replica(s) x micro-batches of optim.train_micro_batch_size={o.train_micro_batch_size}")
     return cfg
+
+
+def check_topology(t: TopologyConfig) -> None:
+    """Refuse impossible topologies before anything starts; messages name the problem."""
+    if not t.policy_ranks:
+        raise ConfigError("topology.policy_ranks: must list at least one rank")
+    if any(r < 0 for r in [*t.policy_ranks, t.sampler_rank, t.reference_rank, t.evaluator_rank]):
+        raise ConfigError("topology: ranks must be >= 0")
+    dup = sorted({r for r in t.policy_ranks if t.policy_ranks.count(r) > 1})
+    if dup:
+        raise ConfigError(f"topology.policy_ranks: rank(s) {dup} listed more than once")
+    if t.pipeline_stages < 1:
+        raise ConfigError(f"topology.pipeline_stages: must be >= 1, got {t.pipeline_stages}")
+    if len(t.policy_ranks) % t.pipeline_stages:
+        raise ConfigError(f"topology.policy_ranks: {len(t.policy_ranks)} policy ranks cannot form "
+                          f"pipelines of {t.pipeline_stages} stages (need a multiple of "
+                          f"topology.pipeline_stages)")
+    if t.nodes < 1:
+        raise ConfigError(f"topology.nodes: must be >= 1, got {t.nodes}")
+    ws = t.world_size()
+    used = set(t.policy_ranks) | {t.sampler_rank, t.reference_rank, t.evaluator_rank}
+    idle = sorted(set(range(ws)) - used)
+    if idle:
+        raise ConfigError(f"topology: rank(s) {idle} of the {ws} launched would host no role; "
+                          f"renumber the roles to use ranks 0..{len(used) - 1}")
 
 
 # ---------------------------------------------------------------- entry points

@@ -78,7 +78,6 @@ class PolicyTrainer:
         check_stages_vs_layers(self.hf_config.num_hidden_layers, roles.num_stages)
         self.per_replica = (batch_size or cfg.optim.rollout_batch_size) // roles.num_replicas
         self.gas = self.per_replica // cfg.optim.train_micro_batch_size
-        self.use_ref = cfg.grpo.kl_coef > 0 or cfg.grpo.old_logprobs == "reference"
 
         module = build_policy_pipeline(
             self.hf_config, roles.num_stages, self._loss_fn,

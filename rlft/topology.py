@@ -6,7 +6,8 @@ evaluator roles each live on one rank, and one rank may host several roles (1 GP
 process does everything).
 
 Within the policy ranks the order follows DeepSpeed's pipe-major grid (`PipeDataParallelTopology`):
-policy_ranks[stage * replicas + replica].
+policy_ranks[stage * replicas + replica].  Whether a topology is possible at all is part of the
+config's validation (`rlft.config.check_topology`).
 """
 from __future__ import annotations
 
@@ -52,35 +53,6 @@ class RankRoles:
         return f"rank {self.rank} ({' + '.join(self.names()) or 'idle'})"
 
 
-def world_size(t: TopologyConfig) -> int:
-    return max([*t.policy_ranks, t.sampler_rank, t.reference_rank, t.evaluator_rank]) + 1
-
-
-def check_topology(t: TopologyConfig) -> None:
-    """Refuse impossible topologies before anything starts; messages name the problem."""
-    if not t.policy_ranks:
-        raise ConfigError("topology.policy_ranks: must list at least one rank")
-    if any(r < 0 for r in [*t.policy_ranks, t.sampler_rank, t.reference_rank, t.evaluator_rank]):
-        raise ConfigError("topology: ranks must be >= 0")
-    dup = sorted({r for r in t.policy_ranks if t.policy_ranks.count(r) > 1})
-    if dup:
-        raise ConfigError(f"topology.policy_ranks: rank(s) {dup} listed more than once")
-    if t.pipeline_stages < 1:
-        raise ConfigError(f"topology.pipeline_stages: must be >= 1, got {t.pipeline_stages}")
-    if len(t.policy_ranks) % t.pipeline_stages:
-        raise ConfigError(f"topology.policy_ranks: {len(t.policy_ranks)} policy ranks cannot form "
-                          f"pipelines of {t.pipeline_stages} stages (need a multiple of "
-                          f"topology.pipeline_stages)")
-    if t.nodes < 1:
-        raise ConfigError(f"topology.nodes: must be >= 1, got {t.nodes}")
-    ws = world_size(t)
-    used = set(t.policy_ranks) | {t.sampler_rank, t.reference_rank, t.evaluator_rank}
-    idle = sorted(set(range(ws)) - used)
-    if idle:
-        raise ConfigError(f"topology: rank(s) {idle} of the {ws} launched would host no role; "
-                          f"renumber the roles to use ranks 0..{len(used) - 1}")
-
-
 def check_stages_vs_layers(num_layers: int, num_stages: int) -> None:
     """ceil(L / S) layers per stage must leave every stage at least one layer."""
     if num_stages > num_layers:
@@ -95,7 +67,7 @@ def check_stages_vs_layers(num_layers: int, num_stages: int) -> None:
 
 
 def roles_for_rank(t: TopologyConfig, rank: int) -> RankRoles:
-    ws = world_size(t)
+    ws = t.world_size()
     if not 0 <= rank < ws:
         raise ConfigError(f"rank {rank} is outside the topology's {ws} ranks")
     idx = t.policy_ranks.index(rank) if rank in t.policy_ranks else None

@@ -55,10 +55,6 @@ class Context:
     tracker: Tracker | None = None
     seconds: dict = field(default_factory=dict)
 
-    @property
-    def needs_reference(self) -> bool:
-        return self.cfg.grpo.kl_coef > 0 or self.cfg.grpo.old_logprobs == "reference"
-
     @contextmanager
     def timed(self, phase: str):
         t0 = time.perf_counter()
@@ -118,7 +114,7 @@ def grpo_step(ctx: Context, step: int) -> dict:
     batch = bridge.broadcast_object(batch, src=t.sampler_rank)
 
     # 3. Reference log-probs (frozen starting policy).
-    if ctx.needs_reference:
+    if cfg.grpo.needs_reference:
         ref = None
         if roles.reference:
             with ctx.timed("reference"):
@@ -129,7 +125,7 @@ def grpo_step(ctx: Context, step: int) -> dict:
     # 4. Policy update: old log-probs (several epochs per rollout only), then optimizer step(s).
     if roles.policy:
         with ctx.timed("train"):
-            if cfg.grpo.epochs_per_rollout > 1 and cfg.grpo.old_logprobs == "policy":
+            if cfg.grpo.recomputes_old_logprobs:
                 old = ctx.policy.logprobs(batch)
                 if old is not None:
                     full = torch.zeros_like(batch["response_mask"], dtype=torch.float32)
@@ -344,7 +340,7 @@ def build_roles(ctx: Context) -> None:
         backend = "nccl" if ctx.device.type == "cuda" else "gloo"
         init_policy_world(ctx.bridge, roles.policy_index, len(cfg.topology.policy_ranks), backend)
         ctx.policy = PolicyTrainer(cfg, roles, ctx.model_path, ctx.device, bf16=policy_dtype(ctx) == torch.bfloat16)
-    if roles.reference and ctx.needs_reference:
+    if roles.reference and cfg.grpo.needs_reference:
         from rlft.reference import ReferenceModel
 
         ctx.reference = ReferenceModel(ctx.model_path, dtype=_engine_dtype(ctx), device=ctx.device,

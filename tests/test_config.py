@@ -152,6 +152,27 @@ def test_dapo_needs_and_accepts_cliprange_high():
     assert (cfg.grpo.loss_type, cfg.grpo.cliprange_high) == ("dapo", 0.28)
 
 
+def test_every_registered_choice_is_accepted_and_nothing_else():
+    # The config reads its allowed values from the registries; a registry and the config can no
+    # longer disagree (gspo was registered and documented, yet refused by the config).
+    from rlft.engines import BACKENDS
+    from rlft.grpo import AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+
+    assert {"no_baseline", "reinforce_with_baseline", "grpo_clip", "dapo", "gspo"} <= set(POLICY_LOSSES)
+    for loss in POLICY_LOSSES:
+        extra = {"no_baseline": ["grpo.group_size=1"], "dapo": ["grpo.cliprange_high=0.28"]}.get(loss, [])
+        assert load_config(None, [f"grpo.loss_type={loss}", *extra]).grpo.loss_type == loss
+    for estimator in KL_ESTIMATORS:
+        assert load_config(None, [f"grpo.kl_estimator={estimator}"]).grpo.kl_estimator == estimator
+    for mode in AGGREGATION_MODES:
+        assert load_config(None, [f"grpo.aggregation={mode}"]).grpo.aggregation == mode
+    for backend in BACKENDS:
+        assert load_config(None, [f"sampling.backend={backend}"]).sampling.backend == backend
+    for key in ("grpo.loss_type", "grpo.kl_estimator", "grpo.aggregation", "sampling.backend"):
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, [f"{key}=no_such_choice"])
+
+
 def test_data_parallel_batch_split():
     # 4 policy ranks as 2 stages = 2 replicas: 8 responses -> 4 per replica -> 2 micro-batches of 2.
     topo = ["topology.policy_ranks=[0,1,2,3]", "topology.pipeline_stages=2", "topology.evaluator_rank=4",
@@ -190,7 +211,7 @@ def test_data_parallel_batch_split():
     (["grpo.cliprange=0"], "grpo.cliprange: must be > 0, got 0.0"),
     (["grpo.cliprange=-0.1"], "grpo.cliprange: must be > 0, got -0.1"),
     (["grpo.loss_type=ppo"],
-     "grpo.loss_type: unknown loss 'ppo' (valid: no_baseline, reinforce_with_baseline, grpo_clip, dapo)"),
+     "grpo.loss_type: unknown loss 'ppo' (valid: no_baseline, reinforce_with_baseline, grpo_clip, dapo, gspo)"),
     (["sampling.top_p=0"], "sampling.top_p: must be in (0, 1], got 0.0"),
     (["sampling.top_p=1.5"], "sampling.top_p: must be in (0, 1], got 1.5"),
     (["sampling.min_tokens=20", "sampling.max_tokens=10"],

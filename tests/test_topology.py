@@ -4,14 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from rlft.config import ConfigError, TopologyConfig, load_config
-from rlft.topology import (
-    check_stages_vs_layers,
-    check_topology,
-    policy_rank_of,
-    roles_for_rank,
-    world_size,
-)
+from rlft.config import ConfigError, TopologyConfig, check_topology, load_config
+from rlft.topology import check_stages_vs_layers, policy_rank_of, roles_for_rank
 
 CONFIGS = Path(__file__).resolve().parents[1] / "launch" / "configs"
 
@@ -38,7 +32,7 @@ ONLY_EVALUATOR = (None, None, None, False, False, False, False, True)
 def test_eight_ranks_default_layout():
     t = topology_of("grpo_8gpu.yaml")
     assert t == TopologyConfig()  # the 8-GPU file spells out the defaults
-    assert world_size(t) == 8
+    assert t.world_size() == 8
     assert [summary(t, r) for r in range(8)] == [
         P0_OF_5,
         (1, 1, 0, False, False, False, False, False),
@@ -57,7 +51,7 @@ def test_eight_ranks_default_layout():
 
 def test_four_ranks():
     t = topology_of("grpo_4gpu.yaml")
-    assert world_size(t) == 4
+    assert t.world_size() == 4
     assert [summary(t, r) for r in range(4)] == [
         (0, 0, 0, True, False, False, False, False),
         (1, 1, 0, False, True, False, False, False),
@@ -71,7 +65,7 @@ def test_four_ranks():
 
 def test_two_ranks():
     t = topology_of("grpo_2gpu.yaml")
-    assert world_size(t) == 2
+    assert t.world_size() == 2
     # One stage is both the first and the last.
     assert summary(t, 0) == (0, 0, 0, True, True, False, False, False)
     assert summary(t, 1) == (None, None, None, False, False, True, True, True)
@@ -80,7 +74,7 @@ def test_two_ranks():
 
 def test_one_rank_hosts_everything():
     t = topology_of("grpo_1gpu.yaml")
-    assert world_size(t) == 1
+    assert t.world_size() == 1
     assert summary(t, 0) == (0, 0, 0, True, True, True, True, True)
     assert roles_for_rank(t, 0).describe() == (
         "rank 0 (policy[stage 0/1, replica 0] + sampler + reference + evaluator)")
