@@ -131,12 +131,6 @@ class Bridge:
         self.gloo.recv([data], src, tag).wait()
         return pickle.loads(data.numpy().tobytes())
 
-    def send_object(self, obj: Any, dst: int, tag: int = 0) -> None:
-        self._send_obj(obj, dst, tag)
-
-    def recv_object(self, src: int, tag: int = 0) -> Any:
-        return self._recv_obj(src, tag)
-
     # ------------------------------------------------------------ failure reporting
 
     def report_failure(self, message: str) -> None:

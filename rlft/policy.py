@@ -21,8 +21,6 @@ from rlft.topology import RankRoles, check_stages_vs_layers
 
 DS_CONFIG_DIR = Path(__file__).resolve().parent.parent / "ds_configs"
 
-# Order of the label tensors the last stage receives with every micro-batch.
-LABEL_KEYS = ("response_mask", "advantages", "raw_rewards", "old_logprobs", "ref_logprobs", "num_tokens_total")
 METRIC_KEYS = ("pg_loss", "kl", "clip_fraction", "ratio_mean", "ratio_max", "entropy")
 
 

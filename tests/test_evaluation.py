@@ -144,7 +144,7 @@ def run_cli(args, cwd, timeout=120):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from rlft.models import tiny_model_dir
+    from tiny_models import tiny_model_dir
 
     return tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model", family="llama", num_layers=2)
 

@@ -19,8 +19,8 @@ from rlft.models import (
     load_hf_config,
     load_tokenizer,
     resolve_model_path,
-    tiny_model_dir,
 )
+from tiny_models import tiny_model_dir
 
 SAMPLE = "User: What is 6*7?\nAssistant: <think> 6*7 = 42 </think> <answer> 42 </answer>"
 

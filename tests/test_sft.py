@@ -13,11 +13,11 @@ import torch
 
 from rlft.config import ConfigError, load_config
 from rlft.data import Example, PromptSampler, load_examples
-from rlft.models import tiny_model_dir
 from rlft.prompts import format_prompt, format_sft_target
 from rlft.sft import (SKIP_NO_SOLUTION, SKIP_TOO_LONG, build_sft_data, check_init_checkpoint, check_sft_config,
                       sft_batch, sft_total_steps)
 from rlft.sft import main as sft_main
+from tiny_models import tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"

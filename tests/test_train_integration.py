@@ -33,8 +33,8 @@ def read_steps(out: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     from conftest import teach_answer_format, write_gsm8k_dir
-    from rlft.models import tiny_model_dir
     from rlft.prompts import format_prompt
+    from tiny_models import tiny_model_dir
 
     root = tmp_path_factory.mktemp("grpo")
     model = tiny_model_dir(root / "model", family="llama", num_layers=4, tie_word_embeddings=True)
