@@ -1,0 +1,130 @@
+"""Masked reductions over response tokens, and the aggregation of a per-token loss to a scalar."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+def _masked(tensor: Tensor, mask: Tensor) -> Tensor:
+    """``tensor · mask`` with masked-out entries exactly 0 even where tensor is inf/NaN."""
+    mask = mask.to(tensor.dtype) if tensor.is_floating_point() else mask.float()
+    product = tensor * mask
+    return torch.where(mask != 0, product, torch.zeros_like(product))
+
+
+def masked_mean(tensor: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:
+    """Mean of ``tensor`` over entries where ``mask`` is non-zero (mask values act as weights).
+
+    Args:
+        tensor: any shape; mask: same shape (bool or 0/1 float).
+        dim: reduce over this dim, or over everything when None.
+
+    Returns:
+        The mean (scalar, or ``tensor`` with ``dim`` removed). Where the mask selects nothing the
+        result is 0, not NaN.
+    """
+    if tensor.shape != mask.shape:
+        raise ValueError(f"mask shape {tuple(mask.shape)} != tensor shape {tuple(tensor.shape)}")
+    weighted = _masked(tensor, mask)
+    mask = mask.to(weighted.dtype)
+    total = weighted.sum() if dim is None else weighted.sum(dim=dim)
+    count = mask.sum() if dim is None else mask.sum(dim=dim)
+    safe_count = torch.where(count != 0, count, torch.ones_like(count))
+    return torch.where(count != 0, total / safe_count, torch.zeros_like(total))
+
+
+def masked_normalize(
+    tensor: Tensor, mask: Tensor, normalize_constant: float, dim: Optional[int] = None
+) -> Tensor:
+    """Sum of ``tensor`` over masked entries divided by a constant (Dr. GRPO / SFT style).
+
+    Args:
+        tensor: any shape; mask: same shape.
+        normalize_constant: non-zero divisor.
+        dim: reduce over this dim, or over everything when None.
+
+    Returns:
+        ``Σ tensor·mask / normalize_constant`` (0 for an all-zero mask).
+    """
+    if tensor.shape != mask.shape:
+        raise ValueError(f"mask shape {tuple(mask.shape)} != tensor shape {tuple(tensor.shape)}")
+    if normalize_constant == 0:
+        raise ValueError("normalize_constant must be non-zero")
+    weighted = _masked(tensor, mask)
+    total = weighted.sum() if dim is None else weighted.sum(dim=dim)
+    return total / normalize_constant
+
+
+AGGREGATION_MODES = ("sequence", "token", "constant")
+
+
+def aggregate_loss(
+    per_token_loss: Tensor,
+    mask: Tensor,
+    mode: str,
+    *,
+    constant_normalizer: Optional[float] = None,
+    num_tokens_total: Optional[float] = None,
+    num_micro_batches: int = 1,
+) -> Tensor:
+    """Reduce a ``[B, T]`` per-token loss over the response tokens to a scalar.
+
+    Modes:
+
+    * ``"sequence"`` (the original): masked mean within each sequence, then mean over the B
+      sequences (a sequence with no response tokens contributes 0 and still counts in B).
+    * ``"token"`` (DAPO): sum over all response tokens ÷ the number of response tokens.
+    * ``"constant"`` (Dr. GRPO): sum over all response tokens ÷ (B · ``constant_normalizer``),
+      ``constant_normalizer`` typically the generation's max_tokens.
+
+    Micro-batching convention. The trainer's engine (DeepSpeed ``train_batch``) divides each
+    micro-batch's returned loss by the number of micro-batches ``n`` and sums the gradients, so
+    the optimiser sees ``Σ_i L_i / n``:
+
+    * ``"sequence"`` and ``"constant"`` need nothing extra: with equal-size micro-batches
+      ``Σ_i L_i / n`` is exactly the whole-batch value.
+    * ``"token"``: a micro-batch's own token mean would weight every micro-batch equally whatever
+      its token count. Pass ``num_tokens_total`` (response tokens in the whole batch) and
+      ``num_micro_batches = n``; the result is then ``Σ_mb loss·mask · n / num_tokens_total``, so
+      ``Σ_i L_i / n = Σ_batch loss·mask / num_tokens_total``, the whole-batch token mean, exactly
+      and for any split. Without ``num_tokens_total`` the micro-batch's own token count is used
+      (``num_micro_batches`` must then stay 1).
+
+    Args:
+        per_token_loss: ``[B, T]``.
+        mask: ``[B, T]`` response mask.
+        mode: one of :data:`AGGREGATION_MODES`.
+
+    Returns:
+        Scalar tensor; 0 (not NaN) when the mask is empty.
+    """
+    if per_token_loss.dim() != 2 or per_token_loss.shape != mask.shape:
+        raise ValueError(
+            f"per_token_loss and mask must both be [B, T]; got {tuple(per_token_loss.shape)} and "
+            f"{tuple(mask.shape)}"
+        )
+    if mode == "sequence":
+        return masked_mean(per_token_loss, mask, dim=-1).mean()
+    if mode == "token":
+        if num_tokens_total is None:
+            if num_micro_batches != 1:
+                raise ValueError(
+                    "aggregation 'token' with num_micro_batches > 1 needs num_tokens_total "
+                    "(the response-token count of the whole batch)"
+                )
+            return masked_mean(per_token_loss, mask)
+        if num_tokens_total <= 0:
+            # No response tokens anywhere in the batch: nothing to learn from.
+            return _masked(per_token_loss, mask).sum() * 0.0
+        return masked_normalize(per_token_loss, mask, num_tokens_total / num_micro_batches)
+    if mode == "constant":
+        if constant_normalizer is None or constant_normalizer <= 0:
+            raise ValueError(
+                f"aggregation 'constant' needs a positive constant_normalizer (e.g. max_tokens), "
+                f"got {constant_normalizer!r}"
+            )
+        return masked_normalize(per_token_loss, mask, per_token_loss.shape[0] * constant_normalizer)
+    raise ValueError(f"unknown aggregation {mode!r}; valid: {', '.join(AGGREGATION_MODES)}")

@@ -1,0 +1,119 @@
+"""The training loss of one micro-batch: a registered policy-gradient loss plus the KL penalty,
+aggregated over response tokens, with the fixed set of metrics the trainer logs."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from rlft.grpo.kl import compute_kl
+from rlft.grpo.losses import compute_policy_gradient_loss
+from rlft.grpo.reductions import aggregate_loss, masked_mean
+
+
+POLICY_LOSS_METRIC_KEYS = ("pg_loss", "kl", "clip_fraction", "ratio_mean", "ratio_max")
+
+
+def policy_loss(
+    policy_log_probs: Tensor,
+    response_mask: Tensor,
+    *,
+    loss_type: str,
+    advantages: Optional[Tensor] = None,
+    raw_rewards: Optional[Tensor] = None,
+    old_log_probs: Optional[Tensor] = None,
+    ref_log_probs: Optional[Tensor] = None,
+    cliprange: Optional[float] = None,
+    cliprange_high: Optional[float] = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    aggregation: str = "sequence",
+    constant_normalizer: Optional[float] = None,
+    num_tokens_total: Optional[float] = None,
+    num_micro_batches: int = 1,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Training loss of one (micro-)batch: policy-gradient loss + ``kl_coef`` · KL, aggregated.
+
+    Args:
+        policy_log_probs: ``[B, T]`` current policy's log-probs of the labels (with gradient).
+        response_mask: ``[B, T]`` 1 on response tokens.
+        loss_type: a key of :data:`POLICY_LOSSES`.
+        advantages / raw_rewards: ``[B]`` or ``[B, 1]``.
+        old_log_probs, ref_log_probs: ``[B, T]`` (no gradient).
+        kl_coef: weight of the KL penalty; > 0 requires ``ref_log_probs``.
+        kl_estimator: ``"k1" | "k2" | "k3"``.
+        aggregation, constant_normalizer, num_tokens_total, num_micro_batches: see
+            :func:`aggregate_loss`.
+
+    Returns:
+        ``(loss, metrics)``: the scalar loss to backpropagate, and detached float32 scalars under
+        the fixed keys :data:`POLICY_LOSS_METRIC_KEYS` whatever the loss type:
+
+        * ``pg_loss``: the policy-gradient part, aggregated like the loss;
+        * ``kl``: masked mean of the per-token KL (computed whenever ``ref_log_probs`` is given,
+          even with kl_coef 0, for monitoring; 0 without it);
+        * ``clip_fraction``: share of response tokens where the clipped term was taken (0 for
+          losses without clipping);
+        * ``ratio_mean`` / ``ratio_max``: π/π_old over response tokens. Losses without a ratio
+          report ``exp(logp - old_logp)`` when ``old_log_probs`` is given, else 1 (on-policy).
+          All are 0 when the mask selects no token.
+    """
+    if response_mask.shape != policy_log_probs.shape:
+        raise ValueError(
+            f"response_mask has shape {tuple(response_mask.shape)} but policy_log_probs has "
+            f"{tuple(policy_log_probs.shape)}"
+        )
+    if kl_coef > 0 and ref_log_probs is None:
+        raise ValueError("kl_coef > 0 requires ref_log_probs (the reference model's log-probs)")
+    pg_per_token, meta = compute_policy_gradient_loss(
+        policy_log_probs,
+        loss_type,
+        raw_rewards=raw_rewards,
+        advantages=advantages,
+        old_log_probs=old_log_probs,
+        cliprange=cliprange,
+        cliprange_high=cliprange_high,
+        response_mask=response_mask,
+    )
+    agg = dict(
+        mode=aggregation,
+        constant_normalizer=constant_normalizer,
+        num_tokens_total=num_tokens_total,
+        num_micro_batches=num_micro_batches,
+    )
+    per_token = pg_per_token
+    kl_per_token = None
+    if ref_log_probs is not None:
+        kl_per_token = compute_kl(policy_log_probs, ref_log_probs, kl_estimator)
+        if kl_coef > 0:
+            per_token = per_token + kl_coef * kl_per_token
+    loss = aggregate_loss(per_token, response_mask, **agg)
+
+    with torch.no_grad():
+        mask = response_mask.float()
+        zero = torch.zeros((), dtype=torch.float32, device=policy_log_probs.device)
+
+        if "ratio" in meta:
+            ratio = meta["ratio"].float()
+        elif old_log_probs is not None:
+            ratio = torch.exp(policy_log_probs.detach().float() - old_log_probs.float())
+        else:
+            ratio = torch.ones_like(mask)
+        clipped = meta["clipped"].float() if "clipped" in meta else torch.zeros_like(mask)
+
+        metrics = {
+            "pg_loss": aggregate_loss(pg_per_token.detach().float(), mask, **agg),
+            "kl": (
+                zero if kl_per_token is None else masked_mean(kl_per_token.detach().float(), mask)
+            ),
+            "clip_fraction": masked_mean(clipped, mask),
+            "ratio_mean": masked_mean(ratio, mask),
+            # torch.where, not an `if`, so reading the metric needs no device sync here.
+            "ratio_max": torch.where(
+                mask.sum() > 0, ratio.masked_fill(mask == 0, float("-inf")).max(), zero
+            ),
+        }
+        metrics = {k: v.detach().float().reshape(()) for k, v in metrics.items()}
+    return loss, metrics
