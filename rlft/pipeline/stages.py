@@ -1,0 +1,320 @@
+"""The policy's stages: the ``ceil(L/S)`` partition and the HF model pieces each stage runs.
+
+Only tensors travel between stages (``(hidden, attention_mask, input_ids)``); each stage rebuilds
+position ids, RoPE tables and the 4D mask from the attention mask (:class:`StageContext`).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from deepspeed.pipe import LayerSpec, TiedLayerSpec
+
+# Families whose causal LM is exactly embed -> decoder layers -> RMSNorm -> lm_head, with RoPE
+# computed from position ids; others (e.g. Gemma's scaled embeddings) would silently diverge.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ATTENTION = ("eager", "sdpa")
+TIED_EMBEDDING_KEY = "embed_tokens"
+
+
+# --------------------------------------------------------------------------------------------
+# Stage partition
+# --------------------------------------------------------------------------------------------
+
+
+def valid_stage_counts(num_layers: int) -> list[int]:
+    """Stage counts for which the ``ceil(num_layers / S)`` split leaves no stage empty."""
+    return [s for s in range(1, num_layers + 1) if num_layers - (s - 1) * math.ceil(num_layers / s) > 0]
+
+
+def layers_per_stage(num_layers: int, num_stages: int) -> int:
+    """``ceil(num_layers / num_stages)``, after checking that every stage gets a decoder layer."""
+    if num_layers < 1 or num_stages < 1:
+        raise ValueError(f"need at least one decoder layer and one stage, got num_layers={num_layers}, "
+                         f"num_stages={num_stages}")
+    per_stage = math.ceil(num_layers / num_stages)
+    last = num_layers - (num_stages - 1) * per_stage
+    if num_stages > num_layers or last <= 0:
+        counts = [min(per_stage, max(0, num_layers - s * per_stage)) for s in range(num_stages)]
+        raise ValueError(
+            f"cannot split {num_layers} decoder layers into {num_stages} pipeline stages: "
+            f"ceil({num_layers}/{num_stages}) = {per_stage} layers per stage gives {counts}, "
+            f"leaving a stage without a decoder layer; valid stage counts for {num_layers} layers: "
+            f"{valid_stage_counts(num_layers)}")
+    return per_stage
+
+
+def stage_layer_range(num_layers: int, num_stages: int, stage_id: int) -> tuple[int, int]:
+    """Decoder layers ``[start, end)`` (global indices) held by ``stage_id``.
+
+    >>> [stage_layer_range(7, 3, s) for s in range(3)]
+    [(0, 3), (3, 6), (6, 7)]
+    """
+    per_stage = layers_per_stage(num_layers, num_stages)
+    if not 0 <= stage_id < num_stages:
+        raise ValueError(f"stage_id {stage_id} out of range for {num_stages} stages")
+    start = stage_id * per_stage
+    return start, min(start + per_stage, num_layers)
+
+
+def _spec_boundaries(num_layers: int, num_stages: int) -> list[int]:
+    """Layer-spec index boundaries (DeepSpeed's ``parts``) for the spec list of
+    :func:`policy_layer_specs`: ``[embed, decoder_0 .. decoder_{L-1}, final_norm, head]``."""
+    starts = [stage_layer_range(num_layers, num_stages, s)[0] for s in range(num_stages)]
+    # Spec i+1 is decoder layer i; stage 0 also owns spec 0 (embedding), the last stage the
+    # norm and head specs after the last decoder layer.
+    return [0] + [1 + start for start in starts[1:]] + [num_layers + 3]
+
+
+# --------------------------------------------------------------------------------------------
+# HF model pieces
+# --------------------------------------------------------------------------------------------
+
+
+def _prepare_config(hf_config):
+    """A private copy of the config with the attention implementation resolved and checked."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type {model_type!r} is not supported by the policy pipeline; "
+                         f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    config = copy.deepcopy(hf_config)
+    impl = getattr(config, "_attn_implementation", None) or "sdpa"  # HF's own default
+    if impl not in SUPPORTED_ATTENTION:
+        raise ValueError(f"attention implementation {impl!r} is not supported by the policy pipeline "
+                         f"(it passes a 4D attention mask); use one of {SUPPORTED_ATTENTION}")
+    config._attn_implementation = impl
+    return config
+
+
+def _hf_classes(config) -> tuple[type, type, type]:
+    """``(<Prefix>DecoderLayer, <Prefix>RMSNorm, <Prefix>RotaryEmbedding)`` of the config's family."""
+    modeling = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
+    prefix = type(config).__name__.removesuffix("Config")
+    names = [prefix + suffix for suffix in ("DecoderLayer", "RMSNorm", "RotaryEmbedding")]
+    missing = [n for n in names if not hasattr(modeling, n)]
+    if missing:
+        raise ValueError(f"{modeling.__name__} has no {', '.join(missing)}")
+    return tuple(getattr(modeling, n) for n in names)
+
+
+def _sliding_window(config, layer_idx: int) -> int | None:
+    """Sliding-window size of one layer, or None for full attention (as the HF model decides)."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:  # qwen2/qwen3: per-layer types
+        return config.sliding_window if layer_types[layer_idx] == "sliding_attention" else None
+    return getattr(config, "sliding_window", None)  # mistral: all layers or none; llama: none
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B,T]`` 0/1 mask -> ``[B,T]`` long positions counting real tokens only (pads get 0)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def attention_bias(attention_mask: torch.Tensor, implementation: str, dtype: torch.dtype,
+                   sliding_window: int | None = None) -> torch.Tensor:
+    """Causal + padding (+ sliding-window) mask ``[B,1,T,T]`` in the form HF's attention takes.
+
+    ``attention_mask`` is ``[B,T]`` (1 = token, 0 = pad). For ``sdpa`` the result is boolean
+    (True = may attend); for ``eager`` it is additive (0 or ``finfo(dtype).min``), as HF builds it.
+    """
+    T = attention_mask.shape[1]
+    idx = torch.arange(T, device=attention_mask.device)
+    allowed = idx[None, :] <= idx[:, None]  # [query, key]: key not in the future
+    if sliding_window is not None:
+        allowed = allowed & (idx[:, None] - idx[None, :] < sliding_window)
+    allowed = allowed[None, None] & attention_mask[:, None, None, :].bool()
+    if implementation == "sdpa":
+        return allowed
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=attention_mask.device)
+    return bias.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def next_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor,
+                        compute_entropy: bool) -> tuple[torch.Tensor, ...]:
+    """Log-probs of the observed next tokens, and optionally the entropy, from final hidden states.
+
+    Args:
+        hidden: ``[B,T,H]`` final-norm output.
+        weight: ``[V,H]`` output projection (lm_head or tied embedding).
+        input_ids: ``[B,T]`` long.
+    Returns:
+        ``(logp,)`` or ``(logp, entropy)``, each ``[B,T-1]`` fp32; entropy is detached.
+    """
+    logits = F.linear(hidden[:, :-1], weight)  # [B,T-1,V] in the model dtype; never kept
+    # log_softmax upcasts internally and is the only fp32 [B,T-1,V] tensor autograd keeps.
+    logp_all = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    del logits
+    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    if not compute_entropy:
+        return (logp,)
+    with torch.no_grad():
+        # Row by row, so the temporary p*log p is [T-1,V] rather than another [B,T-1,V].
+        entropy = torch.stack([-(row.exp() * row).sum(-1) for row in logp_all])
+    return logp, entropy
+
+
+class EmbeddingPipe(nn.Module):
+    """First stage: ``(input_ids, attention_mask)`` -> ``(hidden, attention_mask, input_ids)``.
+
+    With tied embeddings the same module is the last stage's output projection
+    (see :func:`_tied_head_forward`).
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        # padding_idx as in the HF model: its row gets no gradient there either.
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+
+    @staticmethod
+    def hf_name(local_name: str) -> str:
+        return "model." + local_name
+
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]):
+        input_ids, attention_mask = inputs
+        return self.embed_tokens(input_ids), attention_mask, input_ids
+
+
+class StageContext:
+    """What the decoder layers of one stage derive from the attention mask, built once per micro-batch.
+
+    HF builds position ids, the RoPE tables and the 4D mask once per forward and shares them across
+    layers; here each stage does the same (they are never sent between stages). One instance is
+    shared by all decoder layer specs, so a process holds one per stage. Entries are keyed on the
+    identity of the ``[B,T]`` mask tensor, which flows unchanged from layer to layer within a stage
+    (a checkpointed segment sees a detached copy and simply rebuilds them).
+    """
+
+    def __init__(self, config):
+        _, _, rotary_cls = _hf_classes(config)
+        # Outside any module tree, so that DeepSpeed's .bfloat16()/.half() leave RoPE's inverse
+        # frequencies in fp32; it has no parameters and follows the hidden state's device.
+        self.rotary = rotary_cls(config)
+        self._source: torch.Tensor | None = None
+        self._cache: dict = {}
+
+    def _cached(self, attention_mask: torch.Tensor, key, make: Callable[[], object]):
+        if self._source is not attention_mask:
+            self._source, self._cache = attention_mask, {}
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def position_ids(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``[B,T]`` long."""
+        return self._cached(attention_mask, "position_ids", lambda: position_ids_from_mask(attention_mask))
+
+    def rope(self, attention_mask: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)``, each ``[B,T,head_dim]`` in the hidden state's dtype."""
+        def make():
+            if self.rotary.inv_freq.device != hidden.device:
+                self.rotary.to(hidden.device)
+            return self.rotary(hidden, self.position_ids(attention_mask))
+        return self._cached(attention_mask, ("rope", hidden.dtype, hidden.device), make)
+
+    def mask(self, attention_mask: torch.Tensor, implementation: str, dtype: torch.dtype,
+             sliding_window: int | None) -> torch.Tensor:
+        """``[B,1,T,T]``, see :func:`attention_bias`."""
+        return self._cached(attention_mask, ("mask", implementation, dtype, sliding_window),
+                            lambda: attention_bias(attention_mask, implementation, dtype, sliding_window))
+
+
+class DecoderLayerPipe(nn.Module):
+    """One HF decoder layer: ``(hidden, mask, ids)`` -> ``(hidden, mask, ids)``, hidden ``[B,T,H]``."""
+
+    def __init__(self, config, layer_idx: int, context: StageContext):
+        super().__init__()
+        decoder_cls, _, _ = _hf_classes(config)
+        self.layer_idx = layer_idx
+        self.attn_implementation = config._attn_implementation
+        self.sliding_window = _sliding_window(config, layer_idx)
+        self.layer = decoder_cls(config, layer_idx)
+        self.context = context  # a plain object: not a submodule, no parameters
+
+    def hf_name(self, local_name: str) -> str:
+        return f"model.layers.{self.layer_idx}." + local_name.removeprefix("layer.")
+
+    def forward(self, inputs):
+        hidden, attention_mask, input_ids = inputs
+        ctx = self.context
+        out = self.layer(hidden,
+                         attention_mask=ctx.mask(attention_mask, self.attn_implementation, hidden.dtype,
+                                                 self.sliding_window),
+                         position_ids=ctx.position_ids(attention_mask),
+                         position_embeddings=ctx.rope(attention_mask, hidden))
+        if isinstance(out, tuple):  # transformers < 4.54 returned (hidden, ...)
+            out = out[0]
+        return out, attention_mask, input_ids
+
+
+class FinalNormPipe(nn.Module):
+    """Last stage: the model's final RMSNorm on the hidden state."""
+
+    def __init__(self, config):
+        super().__init__()
+        _, norm_cls, _ = _hf_classes(config)
+        self.norm = norm_cls(config.hidden_size, eps=config.rms_norm_eps)
+
+    @staticmethod
+    def hf_name(local_name: str) -> str:
+        return "model." + local_name
+
+    def forward(self, inputs):
+        hidden, attention_mask, input_ids = inputs
+        return self.norm(hidden), attention_mask, input_ids
+
+
+class LMHeadPipe(nn.Module):
+    """Last stage, untied: ``(hidden, mask, ids)`` -> ``(logp[, entropy])``, each ``[B,T-1]`` fp32."""
+
+    def __init__(self, config, compute_entropy: bool = True):
+        super().__init__()
+        self.compute_entropy = compute_entropy
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @staticmethod
+    def hf_name(local_name: str) -> str:
+        return local_name
+
+    def forward(self, inputs):
+        hidden, _, input_ids = inputs
+        return next_token_logprobs(hidden, self.lm_head.weight, input_ids, self.compute_entropy)
+
+
+def _tied_head_forward(embedding: EmbeddingPipe, inputs, compute_entropy: bool = True):
+    """Last stage, tied: the embedding matrix as output projection (``TiedLayerSpec.forward_fn``)."""
+    hidden, _, input_ids = inputs
+    return next_token_logprobs(hidden, embedding.embed_tokens.weight, input_ids, compute_entropy)
+
+
+def policy_layer_specs(hf_config, compute_entropy: bool = True) -> list[LayerSpec]:
+    """``[embedding, decoder_0 .. decoder_{L-1}, final_norm, head]`` as DeepSpeed layer specs.
+
+    With ``tie_word_embeddings`` the embedding and the head are one ``TiedLayerSpec`` key, so
+    DeepSpeed keeps the first and last stage's copies equal and all-reduces their gradients.
+    """
+    config = _prepare_config(hf_config)
+    specs: list[LayerSpec] = []
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    if tied:
+        specs.append(TiedLayerSpec(TIED_EMBEDDING_KEY, EmbeddingPipe, config,
+                                   tied_weight_attr=["embed_tokens.weight"]))
+    else:
+        specs.append(LayerSpec(EmbeddingPipe, config))
+    context = StageContext(config)  # shared by whichever decoder layers this process builds
+    specs += [LayerSpec(DecoderLayerPipe, config, i, context) for i in range(config.num_hidden_layers)]
+    specs.append(LayerSpec(FinalNormPipe, config))
+    if tied:
+        specs.append(TiedLayerSpec(TIED_EMBEDDING_KEY, EmbeddingPipe, config,
+                                   forward_fn=functools.partial(_tied_head_forward,
+                                                                compute_entropy=compute_entropy),
+                                   tied_weight_attr=["embed_tokens.weight"]))
+    else:
+        specs.append(LayerSpec(LMHeadPipe, config, compute_entropy))
+    return specs
