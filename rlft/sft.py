@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from rlft import checkpoint as ckpt
+from rlft.batch import RolloutBatch
 from rlft.bridge import init_policy_world
 from rlft.common import looks_like_hub_id
 from rlft.config import ConfigError, RunConfig, load_config_or_exit, save_config
@@ -46,9 +47,6 @@ SKIP_TOO_LONG = "too_long"  # prompt + target tokens > sft.max_seq_len
 SFT_HINT = ("make it with supervised fine-tuning first: `bash launch/sft.sh launch/configs/sft_1gpu.yaml` "
             "(writes runs/sft/model), or point output.init_checkpoint at any HF model (a hub id or a local "
             "model directory), or set it to null to start from model.path")
-
-# Keys of PolicyTrainer.train's metrics that mean something for SFT (the rest are GRPO's, zero here).
-TRAIN_METRICS = ("loss", "lr", "grad_norm", "entropy")
 
 
 # ====================================================================== data
@@ -71,7 +69,7 @@ def build_sft_data(examples, tokenizer, *, template: str = "r1_zero", max_seq_le
                    chunk_size: int = 1024) -> SFTData:
     """Rewrite `rlft.data.Example`s into SFT pairs, dropping (and counting) unusable ones.
 
-    Token counts are those `rlft.masking.tokenize_prompt_and_output` will produce: the prompt
+    Token counts are those `rlft.batch.tokenize_prompt_and_output` will produce: the prompt
     tokenised with the tokenizer's special tokens (only what its attention mask keeps), the target
     without.  A pair is kept when prompt + target tokens <= `max_seq_len`.
     """
@@ -102,18 +100,13 @@ def build_sft_data(examples, tokenizer, *, template: str = "r1_zero", max_seq_le
     return out
 
 
-def sft_batch(data: SFTData, indices: list[int], tokenizer, padding_side: str = "right") -> dict:
-    """The training batch of the pairs at `indices`.
+def sft_batch(data: SFTData, indices: list[int], tokenizer, padding_side: str = "right") -> RolloutBatch:
+    """The training batch of the pairs at `indices`: its `response_mask` (label-aligned: column t
+    is 1 when token t+1 is a target token) selects the target tokens the loss reads."""
+    from rlft.batch import tokenize_prompt_and_output
 
-    Returns `input_ids [B, T]` and `attention_mask [B, T]` (long), and `response_mask [B, T-1]`
-    (float, label-aligned: column t is 1 when token t+1 is a target token), as the policy's
-    `train(batch)` takes them.
-    """
-    from rlft.masking import tokenize_prompt_and_output
-
-    full = tokenize_prompt_and_output([data.prompts[i] for i in indices], [data.targets[i] for i in indices],
+    return tokenize_prompt_and_output([data.prompts[i] for i in indices], [data.targets[i] for i in indices],
                                       tokenizer, padding_side=padding_side)
-    return {k: full[k] for k in ("input_ids", "attention_mask", "response_mask")}
 
 
 def sft_total_steps(num_examples: int, batch_size: int, epochs: int, max_steps: int | None) -> int:
@@ -195,9 +188,9 @@ def sft_step(ctx: SFTContext, step: int) -> dict:
             batch = sft_batch(ctx.sft_data, indices, ctx.tokenizer, cfg.model.padding_side)
         epoch_len = ps.batches_per_epoch * min(ps.batch_size, ps.num_examples)
         metrics.update({
-            "tokens/total": float(batch["attention_mask"].sum()),
-            "tokens/response": float(batch["response_mask"].sum()),
-            "sequence_length/max": float(batch["attention_mask"].sum(-1).max()),
+            "tokens/total": float(batch.attention_mask.sum()),
+            "tokens/response": float(batch.response_mask.sum()),
+            "sequence_length/max": float(batch.attention_mask.sum(-1).max()),
             "data/epoch": ps.epoch + ps.position / epoch_len,
         })
     batch = bridge.broadcast_object(batch, src=cfg.topology.sampler_rank)
@@ -205,9 +198,7 @@ def sft_step(ctx: SFTContext, step: int) -> dict:
     # 2. One optimizer step of the pipeline over the batch.
     if roles.policy:
         with ctx.timed("train"):
-            train_metrics = ctx.policy.train(batch)
-        if roles.last_stage and roles.replica == 0:
-            metrics.update({k: v for k, v in train_metrics.items() if k in TRAIN_METRICS})
+            metrics.update(ctx.policy.update(batch))
 
     # 3. Evaluation on the held-out split, with the policy's current weights.
     if cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0:
@@ -272,13 +263,14 @@ def build_sft_roles(ctx: SFTContext, total_steps: int) -> None:
 
     cfg, roles = ctx.cfg, ctx.roles
     if roles.policy:
+        from rlft.objectives import SFTObjective
         from rlft.policy import PolicyTrainer
 
         backend = "nccl" if ctx.device.type == "cuda" else "gloo"
         init_policy_world(ctx.bridge, roles.policy_index, len(cfg.topology.policy_ranks), backend)
         ctx.policy = PolicyTrainer(cfg, roles, ctx.model_path, ctx.device,
-                                   bf16=policy_dtype(ctx) == torch.bfloat16, objective="sft",
-                                   batch_size=cfg.sft.batch_size, total_steps=total_steps)
+                                   bf16=policy_dtype(ctx) == torch.bfloat16, objective=SFTObjective(),
+                                   batch_size=cfg.sft.batch_size)
     if roles.evaluator:
         from rlft.engines import make_engine
 

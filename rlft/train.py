@@ -69,7 +69,7 @@ def grpo_step(ctx: Context, step: int) -> dict:
     """One GRPO step on every rank; returns this rank's metrics (the coordinator logs them all)."""
     from rlft.grader import default_grader
     from rlft.grpo import compute_group_normalized_rewards
-    from rlft.masking import build_rollout_batch
+    from rlft.batch import build_rollout_batch
 
     cfg, roles, bridge, t = ctx.cfg, ctx.roles, ctx.bridge, ctx.cfg.topology
     ctx.seconds = {}
@@ -100,9 +100,9 @@ def grpo_step(ctx: Context, step: int) -> dict:
                 rollout.prompt_ids, rollout.response_ids, pad_token_id=ctx.tokenizer.pad_token_id,
                 eos_token_id=ctx.tokenizer.eos_token_id, bos_token_id=ctx.tokenizer.bos_token_id,
                 padding_side=cfg.model.padding_side)
-            batch["advantages"], batch["raw_rewards"] = advantages, raw_rewards
+            batch.advantages, batch.raw_rewards = advantages, raw_rewards
             ps = ctx.prompt_sampler
-            batch["epoch_ended"] = ps.position >= ps.batches_per_epoch * min(ps.batch_size, ps.num_examples)
+            metrics["epoch_ended"] = ps.position >= ps.batches_per_epoch * min(ps.batch_size, ps.num_examples)
         metrics.update(rollout_metrics(rollout, grades, batch, reward_stats))
         metrics["prompt_indices"] = indices
         if cfg.schedule.log_samples_every and step % cfg.schedule.log_samples_every == 0:
@@ -118,23 +118,14 @@ def grpo_step(ctx: Context, step: int) -> dict:
         ref = None
         if roles.reference:
             with ctx.timed("reference"):
-                ref = ctx.reference.logprobs(batch["input_ids"], batch["attention_mask"],
+                ref = ctx.reference.logprobs(batch.input_ids, batch.attention_mask,
                                              cfg.optim.train_micro_batch_size)
-        batch["ref_logprobs"] = bridge.broadcast_object(ref, src=t.reference_rank)
+        batch.ref_logprobs = bridge.broadcast_object(ref, src=t.reference_rank)
 
     # 4. Policy update: old log-probs (several epochs per rollout only), then optimizer step(s).
     if roles.policy:
         with ctx.timed("train"):
-            if cfg.grpo.recomputes_old_logprobs:
-                old = ctx.policy.logprobs(batch)
-                if old is not None:
-                    full = torch.zeros_like(batch["response_mask"], dtype=torch.float32)
-                    full[ctx.policy.replica_rows()] = old
-                    batch["old_logprobs"] = full
-            for _ in range(cfg.grpo.epochs_per_rollout):
-                train_metrics = ctx.policy.train(batch)
-        if roles.last_stage and roles.replica == 0:
-            metrics.update(train_metrics)
+            metrics.update(ctx.policy.update(batch, epochs=cfg.grpo.epochs_per_rollout))
 
     # 5. Fresh weights into the sampler (and the evaluator's engine).
     if step % cfg.schedule.sync_every == 0:
@@ -147,15 +138,14 @@ def grpo_step(ctx: Context, step: int) -> dict:
 
     metrics["seconds"] = dict(ctx.seconds)
     metrics["peak_memory_gb"] = peak_memory_gb(ctx.device)
-    metrics["epoch_ended"] = bool(batch.get("epoch_ended", False))
     return metrics
 
 
 # ====================================================================== pieces of the step
 
 
-def rollout_metrics(rollout, grades: list[dict], batch: dict, reward_stats: dict) -> dict:
-    resp_len = batch["response_mask"].sum(-1).float()
+def rollout_metrics(rollout, grades: list[dict], batch, reward_stats: dict) -> dict:
+    resp_len = batch.response_mask.sum(-1).float()
     n = max(1, len(grades))
     out = {
         "reward/mean": sum(g["reward"] for g in grades) / n,
@@ -164,8 +154,8 @@ def rollout_metrics(rollout, grades: list[dict], batch: dict, reward_stats: dict
         "response_length/mean": float(resp_len.mean()),
         "response_length/max": float(resp_len.max()),
         "response_length/clipped_fraction": sum(r == "length" for r in rollout.finish_reasons) / n,
-        "tokens/response": float(batch["response_mask"].sum()),
-        "tokens/total": float(batch["attention_mask"].sum()),
+        "tokens/response": float(batch.response_mask.sum()),
+        "tokens/total": float(batch.attention_mask.sum()),
     }
     for k, v in reward_stats.items():
         if isinstance(v, (int, float)) or (torch.is_tensor(v) and v.numel() == 1):
@@ -335,11 +325,14 @@ def build_roles(ctx: Context) -> None:
 
     cfg, roles = ctx.cfg, ctx.roles
     if roles.policy:
+        from rlft.objectives import GRPOObjective
         from rlft.policy import PolicyTrainer
 
         backend = "nccl" if ctx.device.type == "cuda" else "gloo"
         init_policy_world(ctx.bridge, roles.policy_index, len(cfg.topology.policy_ranks), backend)
-        ctx.policy = PolicyTrainer(cfg, roles, ctx.model_path, ctx.device, bf16=policy_dtype(ctx) == torch.bfloat16)
+        ctx.policy = PolicyTrainer(cfg, roles, ctx.model_path, ctx.device, bf16=policy_dtype(ctx) == torch.bfloat16,
+                                   objective=GRPOObjective(cfg.grpo, cfg.sampling.max_tokens),
+                                   batch_size=cfg.optim.rollout_batch_size)
     if roles.reference and cfg.grpo.needs_reference:
         from rlft.reference import ReferenceModel
 

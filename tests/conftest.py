@@ -19,7 +19,7 @@ def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlft.masking import tokenize_prompt_and_output
+    from rlft.batch import tokenize_prompt_and_output
     from rlft.reference import sequence_logprobs
 
     torch.manual_seed(seed)
@@ -31,9 +31,9 @@ def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list
     O = [o for _ in prompts for o in outputs]
     batch = tokenize_prompt_and_output(P, O, tok)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    mask = batch["response_mask"]
+    mask = batch.response_mask
     for _ in range(steps):
-        logp = sequence_logprobs(model, batch["input_ids"], batch["attention_mask"])
+        logp = sequence_logprobs(model, batch.input_ids, batch.attention_mask)
         loss = -(logp * mask).sum() / mask.sum()
         opt.zero_grad()
         loss.backward()

@@ -83,16 +83,16 @@ def test_sft_batch_masks_exactly_the_target_tokens(tokenizer):
     targets = (NATALIA_TARGET, " 6*7 = 42. </think> <answer> 42 </answer>")
     t = [tokenizer(x, add_special_tokens=False)["input_ids"] for x in targets]
     T = max(len(a) + len(b) for a, b in zip(p, t))
-    assert set(batch) == {"input_ids", "attention_mask", "response_mask"}
-    assert batch["input_ids"].shape == (2, T) and batch["response_mask"].shape == (2, T - 1)
+    assert batch.advantages is None and batch.ref_logprobs is None  # SFT carries no GRPO inputs
+    assert batch.input_ids.shape == (2, T) and batch.response_mask.shape == (2, T - 1)
     for row in range(2):
         P, R = len(p[row]), len(t[row])
-        assert batch["input_ids"][row, :P + R].tolist() == p[row] + t[row]
-        assert batch["attention_mask"][row].sum() == P + R
+        assert batch.input_ids[row, :P + R].tolist() == p[row] + t[row]
+        assert batch.attention_mask[row].sum() == P + R
         # Label column c predicts token c+1: the target's tokens are labels P-1 .. P+R-2.
         expected = torch.zeros(T - 1)
         expected[P - 1:P + R - 1] = 1
-        assert torch.equal(batch["response_mask"][row], expected)
+        assert torch.equal(batch.response_mask[row], expected)
 
 
 @pytest.mark.parametrize("n, batch, epochs, max_steps, steps", [
@@ -211,9 +211,9 @@ def _response_nll(model, tokenizer, data, indices) -> float:
     """Token-mean NLL of the target tokens of `indices`, computed with plain transformers."""
     batch = sft_batch(data, indices, tokenizer)
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
-    mask = batch["response_mask"]
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.float()
+    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+    mask = batch.response_mask
     return float(-(logp * mask).sum() / mask.sum())
 
 

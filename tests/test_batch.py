@@ -1,5 +1,7 @@
-"""Rollout batch building: padding layouts, labels and the response mask, checked by hand."""
+"""Rollout batch building: padding layouts, labels and the response mask, checked by hand; the
+rows and micro-batch labels the policy cuts from a batch."""
 
+import dataclasses
 import random
 
 import pytest
@@ -7,12 +9,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from rlft.masking import (
-    build_rollout_batch,
-    split_micro_batches,
-    tokenize_prompt_and_output,
-    trim_padding,
-)
+from rlft.batch import Labels, build_rollout_batch, tokenize_prompt_and_output, used_width
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = {
@@ -35,7 +32,9 @@ def make_tokenizer(with_pad: bool = True) -> PreTrainedTokenizerFast:
 
 
 def as_lists(batch):
-    return {k: v.tolist() for k, v in batch.items()}
+    out = {f.name: getattr(batch, f.name).tolist() for f in dataclasses.fields(batch)
+           if getattr(batch, f.name) is not None}
+    return {**out, "labels": batch.labels.tolist()}
 
 
 # ------------------------------------------------------------------ build_rollout_batch
@@ -55,8 +54,9 @@ def test_right_padding_prompts_of_different_lengths():
     assert out["response_mask"] == [[0, 0, 1, 1], [1, 1, 1, 0]]
     assert out["prompt_lengths"] == [3, 1]
     assert out["response_lengths"] == [2, 3]
-    assert b["input_ids"].dtype == torch.long and b["attention_mask"].dtype == torch.long
-    assert b["labels"].dtype == torch.long and b["response_mask"].dtype == torch.float32
+    assert b.input_ids.dtype == torch.long and b.attention_mask.dtype == torch.long
+    assert b.labels.dtype == torch.long and b.response_mask.dtype == torch.float32
+    assert b.advantages is None and b.raw_rewards is None and b.ref_logprobs is None and b.old_logprobs is None
 
 
 def test_left_padding_aligns_responses_after_the_longest_prompt():
@@ -119,7 +119,7 @@ def test_pad_to_multiple_and_empty_response():
 
 def test_build_accepts_tensors_and_rejects_bad_input():
     out = build_rollout_batch([torch.tensor([5, 6])], [torch.tensor([7])], pad_token_id=PAD)
-    assert out["input_ids"].tolist() == [[5, 6, 7]]
+    assert out.input_ids.tolist() == [[5, 6, 7]]
     with pytest.raises(ValueError, match="2 prompts but 1 responses"):
         build_rollout_batch([[5], [6]], [[7]], pad_token_id=PAD)
     with pytest.raises(ValueError, match=r"prompt_ids\[1\] is empty"):
@@ -145,11 +145,11 @@ def test_mask_selects_exactly_the_response_tokens_randomised(side):
             prompts, responses, pad_token_id=0, eos_token_id=EOS, bos_token_id=BOS,
             padding_side=side, pad_to_multiple_of=rng.choice([None, 4]),
         )
-        assert torch.equal(b["labels"], b["input_ids"][:, 1:])
+        assert torch.equal(b.labels, b.input_ids[:, 1:])
         for i in range(n):
-            picked = b["labels"][i][b["response_mask"][i].bool()].tolist()
+            picked = b.labels[i][b.response_mask[i].bool()].tolist()
             assert picked == [t for t in responses[i] if t not in (EOS, BOS)]
-            assert b["attention_mask"][i].sum().item() == len(prompts[i]) + len(responses[i])
+            assert b.attention_mask[i].sum().item() == len(prompts[i]) + len(responses[i])
 
 
 # ------------------------------------------------------------------ tokenize_prompt_and_output
@@ -211,59 +211,48 @@ def test_tokenize_rejects_mismatched_lists():
         tokenize_prompt_and_output(["two", "two"], ["four"], make_tokenizer())
 
 
-# ------------------------------------------------------------------ micro-batches and trimming
+# ------------------------------------------------------------------ rows, micro-batches and labels
 
 
-def _left_batch():
-    b = build_rollout_batch(
-        [[5, 6, 7], [8], [4, 4]], [[9, 10], [11, 12, 13], [5]], pad_token_id=PAD,
-        padding_side="left",
-    )
-    b["advantages"] = torch.tensor([0.5, -0.5, 1.0])
-    b["old_log_probs"] = torch.arange(15, dtype=torch.float32).view(3, 5)  # [B, T-1]
-    b["step"] = 7
+def _graded_batch():
+    b = build_rollout_batch([[5, 6, 7], [8], [4, 4]], [[9, 10], [11, 12, 13], [5]], pad_token_id=PAD)
+    b.advantages = torch.tensor([0.5, -0.5, 1.0])
+    b.raw_rewards = torch.tensor([1.0, 0.0, 1.0])
+    b.ref_logprobs = torch.arange(12, dtype=torch.float32).view(3, 4)  # [B, T-1], T = 5
     return b
 
 
-def test_split_micro_batches():
-    b = _left_batch()
-    parts = split_micro_batches(b, 2)
-    assert [p["input_ids"].shape[0] for p in parts] == [2, 1]
-    assert parts[1]["input_ids"].tolist() == [[PAD, 4, 4, 5, PAD, PAD]]
-    assert parts[0]["advantages"].tolist() == [0.5, -0.5]
-    assert parts[1]["old_log_probs"].tolist() == [[10.0, 11.0, 12.0, 13.0, 14.0]]
-    assert parts[0]["step"] == 7 and parts[1]["step"] == 7
-    # concatenating the parts gives the batch back
-    for key in ("input_ids", "attention_mask", "labels", "response_mask", "prompt_lengths"):
-        assert torch.equal(torch.cat([p[key] for p in parts]), b[key])
-    with pytest.raises(ValueError, match="micro_batch_size"):
-        split_micro_batches(b, 0)
-    b["bad"] = torch.zeros(2)
-    with pytest.raises(ValueError, match=r"batch\['bad'\] has 2 rows but the batch has 3"):
-        split_micro_batches(b, 1)
+def test_rows_select_every_field():
+    b = _graded_batch()
+    part = b.rows(slice(1, 3))
+    assert len(part) == 2 and len(b) == 3
+    assert part.input_ids.tolist() == [[8, 11, 12, 13, PAD], [4, 4, 5, PAD, PAD]]
+    assert part.advantages.tolist() == [-0.5, 1.0]
+    assert part.ref_logprobs.tolist() == [[4.0, 5.0, 6.0, 7.0], [8.0, 9.0, 10.0, 11.0]]
+    assert part.old_logprobs is None
+    for name in ("input_ids", "attention_mask", "response_mask", "prompt_lengths", "response_lengths"):
+        assert torch.equal(torch.cat([getattr(b.rows(slice(0, 1)), name), getattr(part, name)]), getattr(b, name))
 
 
-def test_trim_padding_keeps_token_and_label_columns_aligned():
-    parts = split_micro_batches(_left_batch(), 1)
-    # row 0 alone: [5,6,7,9,10,pad] → trailing pad column dropped
-    t0 = trim_padding(parts[0])
-    assert t0["input_ids"].tolist() == [[5, 6, 7, 9, 10]]
-    assert t0["labels"].tolist() == [[6, 7, 9, 10]]
-    assert t0["response_mask"].tolist() == [[0, 0, 1, 1]]
-    assert t0["old_log_probs"].tolist() == [[0.0, 1.0, 2.0, 3.0]]
-    # row 1 alone: [pad,pad,8,11,12,13] → two leading columns dropped
-    t1 = trim_padding(parts[1])
-    assert t1["input_ids"].tolist() == [[8, 11, 12, 13]]
-    assert t1["attention_mask"].tolist() == [[1, 1, 1, 1]]
-    assert t1["labels"].tolist() == [[11, 12, 13]]
-    assert t1["response_mask"].tolist() == [[1, 1, 1]]
-    assert t1["old_log_probs"].tolist() == [[7.0, 8.0, 9.0]]  # columns 2..4 of [5..9]
-    assert t1["advantages"].tolist() == [-0.5] and t1["step"] == 7
-    # row 2 alone: [pad,4,4,5,pad,pad] → [4,4,5]; to a multiple of 2 → widen into the right
-    # padding
-    t2 = trim_padding(parts[2], pad_to_multiple_of=2)
-    assert t2["input_ids"].tolist() == [[4, 4, 5, PAD]]
-    assert t2["labels"].tolist() == [[4, 5, PAD]]
-    assert t2["response_mask"].tolist() == [[0, 1, 0]]
-    with pytest.raises(ValueError, match="attention_mask"):
-        trim_padding({"input_ids": torch.zeros(1, 2)})
+def test_micro_batch_labels_keep_token_and_label_columns_aligned():
+    b = _graded_batch()
+    fields = ("response_mask", "advantages", "ref_logprobs")
+    labels = Labels.of(b, fields)
+    assert labels.raw_rewards is None  # only what the objective names travels
+    # Row 2 alone: [4,4,5,pad,pad] -> 3 tokens used, so labels keep 2 columns.
+    width = used_width(b.attention_mask[2:3])
+    assert width == 3
+    micro = labels.select(slice(2, 3), width)
+    assert micro.response_mask.tolist() == [[0.0, 1.0]]
+    assert micro.ref_logprobs.tolist() == [[8.0, 9.0]]
+    assert micro.advantages.tolist() == [1.0]
+    # Through DeepSpeed's tuple and back, in the objective's field order.
+    packed = micro.pack(fields)
+    assert [t.shape for t in packed] == [(1, 2), (1,), (1, 2)]
+    back = Labels.unpack(fields, packed)
+    assert all(torch.equal(getattr(back, f), getattr(micro, f)) for f in fields) and back.raw_rewards is None
+    # Rows 1-2 use 4 of 5 columns; a single token row still keeps one label column.
+    assert used_width(b.attention_mask[1:]) == 4
+    assert used_width(torch.tensor([[1, 0, 0]])) == 2
+    with pytest.raises(ValueError, match="old_logprobs"):
+        Labels.of(b, ("response_mask", "old_logprobs"))

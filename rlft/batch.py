@@ -1,4 +1,5 @@
-"""Training batches from prompts and responses: padding, labels and the response mask.
+"""The training batch: prompt + response token ids padded into one typed structure, with the
+response mask and the per-sequence / per-token inputs the losses read.
 
 The trainer's convention: the policy pipeline takes ``input_ids [B, T]`` (prompt + response) and
 ``attention_mask [B, T]`` and returns per-token log-probs ``[B, T-1]`` whose column t is
@@ -20,18 +21,110 @@ safe) and never on eos or bos token ids.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 __all__ = [
+    "Labels",
+    "RolloutBatch",
     "build_rollout_batch",
-    "split_micro_batches",
     "tokenize_prompt_and_output",
-    "trim_padding",
+    "used_width",
 ]
+
+
+@dataclass
+class RolloutBatch:
+    """``B`` sequences (prompt + response) padded into one batch: what the policy trains on.
+
+    Token-aligned ``[B, T]``: ``input_ids``, ``attention_mask`` (long).
+    Label-aligned ``[B, T-1]`` (column t scores token t+1): ``response_mask`` (float), and the
+    ``old_logprobs`` / ``ref_logprobs`` (float32) that later steps may add.
+    Per sequence ``[B]``: ``prompt_lengths``, ``response_lengths`` (long; eos/bos included), and the
+    ``advantages`` / ``raw_rewards`` (float) of a graded rollout.
+
+    The fields are filled in the step's order: the rollout role builds the batch with its
+    advantages, the reference role adds ``ref_logprobs``, the policy its own ``old_logprobs``.
+    SFT batches leave the four optional fields None.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    response_mask: Tensor
+    prompt_lengths: Tensor
+    response_lengths: Tensor
+    advantages: Optional[Tensor] = None
+    raw_rewards: Optional[Tensor] = None
+    ref_logprobs: Optional[Tensor] = None
+    old_logprobs: Optional[Tensor] = None
+
+    @property
+    def labels(self) -> Tensor:
+        """``[B, T-1]`` long: the token each label column scores, ``input_ids[:, 1:]`` (pad ids included)."""
+        return self.input_ids[:, 1:]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, rows: slice) -> RolloutBatch:
+        """The batch of the sequences at ``rows`` (views of every tensor)."""
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name)[rows] for f in dataclasses.fields(self)
+                                            if getattr(self, f.name) is not None})
+
+
+@dataclass
+class Labels:
+    """What a loss reads on the last pipeline stage, for one micro-batch: the response mask and
+    whichever of the batch's training inputs the objective names in its ``label_fields``.
+
+    DeepSpeed moves labels between its data iterator and the loss as a tuple of tensors:
+    :meth:`pack` and :meth:`unpack` turn this structure into that tuple and back, in the
+    objective's field order.
+    """
+
+    response_mask: Tensor  # [b, T-1] float
+    advantages: Optional[Tensor] = None  # [b]
+    raw_rewards: Optional[Tensor] = None  # [b]
+    ref_logprobs: Optional[Tensor] = None  # [b, T-1]
+    old_logprobs: Optional[Tensor] = None  # [b, T-1]
+
+    @classmethod
+    def of(cls, batch: RolloutBatch, fields: Sequence[str]) -> Labels:
+        """The named fields of ``batch``, as float tensors."""
+        missing = [name for name in fields if getattr(batch, name) is None]
+        if missing:
+            raise ValueError(f"the batch has no {', '.join(missing)}; the objective reads them")
+        return cls(**{name: getattr(batch, name).float() for name in fields})
+
+    def select(self, rows: slice, width: int) -> Labels:
+        """The micro-batch of ``rows``, its label-aligned tensors cut to a token width of ``width``."""
+        return Labels(**{f.name: _cut(getattr(self, f.name), rows, width) for f in dataclasses.fields(self)
+                         if getattr(self, f.name) is not None})
+
+    def pack(self, fields: Sequence[str]) -> tuple[Tensor, ...]:
+        return tuple(getattr(self, name) for name in fields)
+
+    @classmethod
+    def unpack(cls, fields: Sequence[str], tensors: Sequence[Tensor]) -> Labels:
+        return cls(**dict(zip(fields, tensors, strict=True)))
+
+
+def _cut(t: Tensor, rows: slice, width: int) -> Tensor:
+    """Rows of a per-sequence ``[B]`` or label-aligned ``[B, T-1]`` tensor, the latter cut to
+    ``width - 1`` label columns (the labels of the first ``width`` tokens)."""
+    return t[rows] if t.dim() == 1 else t[rows, :width - 1]
+
+
+def used_width(attention_mask: Tensor) -> int:
+    """Token columns up to the last one that any row uses (at least 2, so one label remains):
+    cutting a micro-batch to it drops only trailing padding."""
+    used = int(attention_mask.any(0).nonzero().max().item()) + 1 if attention_mask.any() else 1
+    return max(used, 2)
 
 
 def _as_id_list(seq: Any, what: str, index: int) -> list[int]:
@@ -60,8 +153,8 @@ def build_rollout_batch(
     bos_token_id: Optional[int] = None,
     padding_side: str = "right",
     pad_to_multiple_of: Optional[int] = None,
-) -> dict[str, Tensor]:
-    """Pad prompt + response token ids into one batch with labels and a response mask.
+) -> RolloutBatch:
+    """Pad prompt + response token ids into one batch with a response mask.
 
     Args:
         prompt_ids: B unpadded prompts (token ids, each non-empty: the first response token
@@ -73,10 +166,9 @@ def build_rollout_batch(
         pad_to_multiple_of: round T up to a multiple of this (extra padding goes on the right).
 
     Returns:
-        ``input_ids [B, T]`` long, ``attention_mask [B, T]`` long, ``labels [B, T-1]`` long
-        (``input_ids[:, 1:]``, pad ids included), ``response_mask [B, T-1]`` float,
-        ``prompt_lengths [B]`` long (prompt token counts), ``response_lengths [B]`` long
-        (response token counts, eos/bos included).
+        A :class:`RolloutBatch` (its optional training inputs None): ``input_ids [B, T]``,
+        ``attention_mask [B, T]``, ``response_mask [B, T-1]``, ``prompt_lengths [B]``,
+        ``response_lengths [B]``.
     """
     if padding_side not in ("right", "left"):
         raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
@@ -123,15 +215,14 @@ def build_rollout_batch(
         if special is not None:
             keep &= input_ids != special
 
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "labels": input_ids[:, 1:].clone(),
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
         # Label column t predicts token t+1, so the token mask shifts left by one.
-        "response_mask": keep[:, 1:].float(),
-        "prompt_lengths": torch.tensor(p_len, dtype=torch.long),
-        "response_lengths": torch.tensor(r_len, dtype=torch.long),
-    }
+        response_mask=keep[:, 1:].float(),
+        prompt_lengths=torch.tensor(p_len, dtype=torch.long),
+        response_lengths=torch.tensor(r_len, dtype=torch.long),
+    )
 
 
 def tokenize_prompt_and_output(
@@ -140,7 +231,7 @@ def tokenize_prompt_and_output(
     tokenizer: Any,
     padding_side: str = "right",
     pad_to_multiple_of: Optional[int] = None,
-) -> dict[str, Tensor]:
+) -> RolloutBatch:
     """Tokenise prompts and outputs separately and build the batch (the SFT path).
 
     The prompt is tokenised with the tokenizer's default ``add_special_tokens`` (so a tokenizer
@@ -155,7 +246,7 @@ def tokenize_prompt_and_output(
         padding_side, pad_to_multiple_of: as in :func:`build_rollout_batch`.
 
     Returns:
-        The dict of :func:`build_rollout_batch`.
+        The batch of :func:`build_rollout_batch`.
     """
     if len(prompt_strs) != len(output_strs):
         raise ValueError(
@@ -182,85 +273,3 @@ def tokenize_prompt_and_output(
         padding_side=padding_side,
         pad_to_multiple_of=pad_to_multiple_of,
     )
-
-
-def _batch_size(batch: dict[str, Any]) -> int:
-    if isinstance(batch.get("input_ids"), Tensor):
-        return batch["input_ids"].shape[0]
-    for value in batch.values():
-        if isinstance(value, Tensor) and value.dim() >= 1:
-            return value.shape[0]
-    raise ValueError("batch holds no tensor with a batch dimension")
-
-
-def split_micro_batches(batch: dict[str, Any], micro_batch_size: int) -> list[dict[str, Any]]:
-    """Split every ``[B, ...]`` tensor of ``batch`` along dim 0 into chunks of ``micro_batch_size``.
-
-    B is ``input_ids``' first dim (or the first tensor's). Values that are not tensors, or are
-    0-d tensors, are copied into every micro-batch. If ``micro_batch_size`` does not divide B the
-    last micro-batch is smaller.
-
-    Returns:
-        ``ceil(B / micro_batch_size)`` dicts with the same keys.
-    """
-    if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size must be a positive int, got {micro_batch_size!r}")
-    n = _batch_size(batch)
-    for key, value in batch.items():
-        if isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] != n:
-            raise ValueError(
-                f"batch[{key!r}] has {value.shape[0]} rows but the batch has {n}; "
-                "cannot split it consistently"
-            )
-    chunks = []
-    for start in range(0, n, micro_batch_size):
-        end = min(start + micro_batch_size, n)
-        chunks.append(
-            {
-                key: value[start:end] if isinstance(value, Tensor) and value.dim() >= 1 else value
-                for key, value in batch.items()
-            }
-        )
-    return chunks
-
-
-def trim_padding(
-    batch: dict[str, Any], pad_to_multiple_of: Optional[int] = None
-) -> dict[str, Any]:
-    """Drop the leading and trailing columns that are padding in every row.
-
-    After :func:`split_micro_batches` a micro-batch is often narrower than the whole batch.
-    Columns are judged by ``attention_mask``. Tensors with ``T`` columns (token-aligned, e.g.
-    ``input_ids``) lose the same columns; tensors with ``T-1`` columns (label-aligned, e.g.
-    ``labels``, ``response_mask``, old/ref log-probs) lose the matching label columns; all other
-    values pass through.
-
-    Args:
-        batch: a dict holding ``attention_mask [B, T]``.
-        pad_to_multiple_of: keep the width a multiple of this (widening into padding; never
-            beyond T).
-
-    Returns:
-        A new dict (tensors are views of the originals).
-    """
-    if "attention_mask" not in batch:
-        raise ValueError("trim_padding needs batch['attention_mask']")
-    attention = batch["attention_mask"]
-    width = attention.shape[1]
-    used = attention.bool().any(dim=0).nonzero().flatten()
-    if used.numel() == 0:
-        raise ValueError("attention_mask is all zero; nothing to keep")
-    lo, hi = int(used[0]), int(used[-1]) + 1
-    new_width = min(_round_up(hi - lo, pad_to_multiple_of), width)
-    hi = min(width, lo + new_width)
-    lo = hi - new_width
-    out = {}
-    for key, value in batch.items():
-        if isinstance(value, Tensor) and value.dim() >= 2 and value.shape[1] == width:
-            out[key] = value[:, lo:hi]
-        elif isinstance(value, Tensor) and value.dim() >= 2 and value.shape[1] == width - 1:
-            # Label column t predicts token t+1: tokens [lo, hi) keep labels [lo, hi-1).
-            out[key] = value[:, lo : hi - 1]
-        else:
-            out[key] = value
-    return out

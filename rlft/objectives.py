@@ -1,0 +1,75 @@
+"""What the policy optimises: the loss each trainer injects into the policy pipeline.
+
+The policy (`rlft.roles.policy.PolicyTrainer`) knows nothing of GRPO or SFT.  It hands its
+objective, on the last pipeline stage and for every micro-batch, the per-token log-probs and
+entropies `[b, T-1]` and the `Labels` the objective asked for (`label_fields`), and reports the
+metrics the objective names (`metric_names`).  An objective is any object with:
+
+    label_fields         the `RolloutBatch` fields the loss reads (response_mask first)
+    metric_names         the per-micro-batch scalars it returns, the same on every call
+    needs_old_logprobs   whether the policy computes `old_logprobs` before its optimizer steps
+    loss(logp, entropy, labels, *, num_tokens_total, num_micro_batches) -> (loss, metrics)
+
+`num_tokens_total` is the response-token count of the replica's whole batch and
+`num_micro_batches` DeepSpeed's gradient-accumulation steps (it divides every micro-batch's loss
+by them), so token-level means over the whole batch come out exact.
+"""
+from __future__ import annotations
+
+from torch import Tensor
+
+from rlft.batch import Labels
+from rlft.config import GRPOConfig
+from rlft.grpo import POLICY_LOSS_METRIC_KEYS, masked_mean, policy_loss
+
+
+class GRPOObjective:
+    """A GRPO-family loss (`grpo.loss_type`, `rlft.grpo.POLICY_LOSSES`) plus the KL penalty."""
+
+    metric_names = (*POLICY_LOSS_METRIC_KEYS, "entropy")
+
+    def __init__(self, g: GRPOConfig, max_tokens: int):
+        self.g = g
+        self.max_tokens = max_tokens  # the constant of aggregation "constant" (Dr. GRPO)
+        self.needs_old_logprobs = g.recomputes_old_logprobs
+        self.label_fields = ("response_mask", "advantages", "raw_rewards",
+                             *(("old_logprobs",) if g.recomputes_old_logprobs else ()),
+                             *(("ref_logprobs",) if g.needs_reference else ()))
+
+    def loss(self, logp: Tensor, entropy: Tensor, labels: Labels, *, num_tokens_total: float,
+             num_micro_batches: int) -> tuple[Tensor, dict[str, Tensor]]:
+        g = self.g
+        if g.old_logprobs == "reference":
+            old = labels.ref_logprobs
+        elif g.epochs_per_rollout == 1:
+            # One optimizer step per rollout: the weights that produce `logp` are the weights that
+            # were synced to the sampler, so the old log-probs are exactly logp (ratio 1, same grads).
+            old = logp.detach()
+        else:
+            old = labels.old_logprobs
+        loss, metrics = policy_loss(
+            logp, labels.response_mask, loss_type=g.loss_type, advantages=labels.advantages,
+            raw_rewards=labels.raw_rewards, old_log_probs=old,
+            ref_log_probs=labels.ref_logprobs if g.kl_coef > 0 else None, cliprange=g.cliprange,
+            cliprange_high=g.cliprange_high, kl_coef=g.kl_coef, kl_estimator=g.kl_estimator,
+            aggregation=g.aggregation, constant_normalizer=float(self.max_tokens),
+            num_tokens_total=num_tokens_total, num_micro_batches=num_micro_batches)
+        metrics = {k: metrics[k].detach().float() for k in POLICY_LOSS_METRIC_KEYS}
+        metrics["entropy"] = masked_mean(entropy.detach().float(), labels.response_mask)
+        return loss, metrics
+
+
+class SFTObjective:
+    """Supervised fine-tuning: the token-level mean NLL of the response (target) tokens."""
+
+    metric_names = ("entropy",)
+    label_fields = ("response_mask",)
+    needs_old_logprobs = False
+
+    def loss(self, logp: Tensor, entropy: Tensor, labels: Labels, *, num_tokens_total: float,
+             num_micro_batches: int) -> tuple[Tensor, dict[str, Tensor]]:
+        mask = labels.response_mask
+        # Token-level mean over the whole batch: each micro-batch contributes its token sum divided
+        # by the batch's token count, times the micro-batch count because DeepSpeed divides by it.
+        loss = -(logp * mask).sum() * num_micro_batches / num_tokens_total
+        return loss, {"entropy": masked_mean(entropy.detach().float(), mask)}
