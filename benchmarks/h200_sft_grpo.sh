@@ -27,14 +27,14 @@ for phase in "${phases[@]}"; do
       python3 -m rlft.evaluate --model "$model" --data "$data/test.jsonl" --num-examples "$EVAL_N" \
         --backend hf --max-tokens 512 --batch-size 200 --out "$out/eval_before" ;;
     sft)
-      ds --num_gpus 1 --module rlft.sft --config launch/configs/sft_1gpu.yaml model.path="$model" \
+      ds --num_gpus 1 --module rlft.train_sft --config launch/configs/sft_1gpu.yaml model.path="$model" \
         data.source="$data" sft.max_steps="$SFT_STEPS" schedule.evaluate_freq=0 schedule.save_every=0 \
         data.eval_size=64 sampling.backend=hf sampling.max_tokens=512 output.dir="$out/sft" ;;
     eval_after)
       python3 -m rlft.evaluate --model "$out/sft/model" --data "$data/test.jsonl" --num-examples "$EVAL_N" \
         --backend hf --max-tokens 512 --batch-size 200 --out "$out/eval_after" ;;
     grpo)
-      ds --num_gpus 2 --module rlft.train --config launch/configs/grpo_2gpu.yaml \
+      ds --num_gpus 2 --module rlft.train_grpo --config launch/configs/grpo_2gpu.yaml \
         output.init_checkpoint="$out/sft/model" data.source="$data" sampling.backend=hf \
         sampling.max_tokens=256 optim.rollout_batch_size=64 optim.train_micro_batch_size=8 \
         schedule.steps="$GRPO_STEPS" schedule.evaluate_freq=0 schedule.save_every=0 data.eval_size=64 \

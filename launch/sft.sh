@@ -10,5 +10,5 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 config="$1"; shift
 source "$here/setup.sh" || exit 1
 # SFT's own settings (sft.batch_size vs replicas x micro-batches) are refused before launching.
-python -m rlft.sft --check-config --config "$config" "$@" || exit $?
-exec bash "$here/_launch.sh" rlft.sft "$config" "$@"
+python -m rlft.train_sft --check-config --config "$config" "$@" || exit $?
+exec bash "$here/_launch.sh" rlft.train_sft "$config" "$@"

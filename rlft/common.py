@@ -1,10 +1,14 @@
-"""Small rules several modules share, each written once: what a hub id looks like, dtype names and
-the one dtype rule, and a free TCP port.  Nothing here imports torch at module level."""
+"""Small rules several modules share, each written once: the run's logger, what a hub id looks like,
+dtype names and the one dtype rule, and a free TCP port.  Nothing here imports torch at module level."""
 from __future__ import annotations
 
+import logging
 import re
 import socket
 from pathlib import Path
+
+# The run's log lines (set up per rank by rlft.runtime.reporting.setup_logging).
+log = logging.getLogger("rlft")
 
 # ---------------------------------------------------------------- hub ids
 

@@ -151,7 +151,7 @@ class OutputConfig:
 
 @dataclass
 class SFTConfig:
-    # Supervised fine-tuning (rlft.sft). Its step count comes from here; schedule.steps is GRPO's.
+    # Supervised fine-tuning (rlft.train_sft). Its step count comes from here; schedule.steps is GRPO's.
     batch_size: int = 32  # sequences per optimizer step, all data-parallel replicas together
     epochs: int = 1
     max_steps: int | None = None  # set: exactly this many steps, whatever epochs says

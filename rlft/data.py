@@ -337,6 +337,16 @@ class PromptSampler:
         """Indices handed out per epoch (whole batches only)."""
         return self.batches_per_epoch * min(self.batch_size, self.num_examples)
 
+    @property
+    def epoch_done(self) -> bool:
+        """The last batch handed out finished an epoch."""
+        return self.position >= self._epoch_length()
+
+    @property
+    def progress(self) -> float:
+        """Epochs drawn so far, as a fraction (1.5 = halfway through the second)."""
+        return self.epoch + self.position / self._epoch_length()
+
     def next_batch(self) -> list[int]:
         """The next batch of example indices (``min(batch_size, num_examples)`` of them)."""
         if self.position >= self._epoch_length():

@@ -8,6 +8,7 @@ metrics the objective names (`metric_names`).  An objective is any object with:
     label_fields         the `RolloutBatch` fields the loss reads (response_mask first)
     metric_names         the per-micro-batch scalars it returns, the same on every call
     needs_old_logprobs   whether the policy computes `old_logprobs` before its optimizer steps
+    needs_reference      whether the run needs the reference role's `ref_logprobs`
     loss(logp, entropy, labels, *, num_tokens_total, num_micro_batches) -> (loss, metrics)
 
 `num_tokens_total` is the response-token count of the replica's whole batch and
@@ -32,6 +33,7 @@ class GRPOObjective:
         self.g = g
         self.max_tokens = max_tokens  # the constant of aggregation "constant" (Dr. GRPO)
         self.needs_old_logprobs = g.recomputes_old_logprobs
+        self.needs_reference = g.needs_reference
         self.label_fields = ("response_mask", "advantages", "raw_rewards",
                              *(("old_logprobs",) if g.recomputes_old_logprobs else ()),
                              *(("ref_logprobs",) if g.needs_reference else ()))
@@ -65,6 +67,7 @@ class SFTObjective:
     metric_names = ("entropy",)
     label_fields = ("response_mask",)
     needs_old_logprobs = False
+    needs_reference = False
 
     def loss(self, logp: Tensor, entropy: Tensor, labels: Labels, *, num_tokens_total: float,
              num_micro_batches: int) -> tuple[Tensor, dict[str, Tensor]]:

@@ -20,7 +20,7 @@ def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlft.batch import tokenize_prompt_and_output
-    from rlft.reference import sequence_logprobs
+    from rlft.roles.reference import sequence_logprobs
 
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(model_dir)

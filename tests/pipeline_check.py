@@ -105,7 +105,7 @@ def main():
     with open(args.spec) as f:
         spec = json.load(f)
     torch.manual_seed(0)
-    from rlft.bridge import skip_cpu_shm_comm_build
+    from rlft.runtime.bridge import skip_cpu_shm_comm_build
 
     skip_cpu_shm_comm_build()
     deepspeed.init_distributed(dist_backend="gloo")

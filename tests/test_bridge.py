@@ -4,7 +4,7 @@ import socket
 import torch
 import torch.multiprocessing as mp
 
-from rlft.bridge import Bridge
+from rlft.runtime.bridge import Bridge
 
 
 def _port() -> int:

@@ -305,7 +305,7 @@ def test_train_cli_refuses_a_bad_config_before_writing(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
-        [sys.executable, "-m", "rlft.train", "--config", str(CONFIGS / "grpo_cpu_demo.yaml"), f"output.dir={out}",
+        [sys.executable, "-m", "rlft.train_grpo", "--config", str(CONFIGS / "grpo_cpu_demo.yaml"), f"output.dir={out}",
          "grpo.group_sise=2"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2

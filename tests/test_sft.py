@@ -14,9 +14,10 @@ import torch
 from rlft.config import ConfigError, load_config
 from rlft.data import Example, PromptSampler, load_examples
 from rlft.prompts import format_prompt, format_sft_target
-from rlft.sft import (SKIP_NO_SOLUTION, SKIP_TOO_LONG, build_sft_data, check_init_checkpoint, check_sft_config,
-                      sft_batch, sft_total_steps)
-from rlft.sft import main as sft_main
+from rlft.roles.sft_data import SKIP_NO_SOLUTION, SKIP_TOO_LONG, build_sft_data, sft_batch, sft_total_steps
+from rlft.runtime.entry import check_init_checkpoint
+from rlft.train_sft import check_sft_config
+from rlft.train_sft import main as sft_main
 from tiny_models import tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]

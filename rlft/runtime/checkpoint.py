@@ -9,6 +9,7 @@
 
 A checkpoint is written into `.step_000010.tmp/` and renamed to `step_000010/` only after every rank
 has finished writing, so a crash mid-save never leaves a directory that looks complete.
+`save_checkpoint` and `resume_checkpoint` are what every rank calls; the rest is the layout.
 """
 from __future__ import annotations
 
@@ -18,9 +19,17 @@ import random
 import re
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+from rlft.common import log
+from rlft.config import ConfigError
+from rlft.models import load_hf_config
+
+if TYPE_CHECKING:
+    from rlft.runtime.context import RankContext
 
 STATE_FILE = "trainer_state.json"
 FINAL_STATE_FILE = "rlft_state.json"
@@ -162,3 +171,69 @@ def has_weights(model_dir: str | Path) -> bool:
     d = Path(model_dir)
     return d.is_dir() and (d / "config.json").is_file() and (
         any(d.glob("*.safetensors")) or any(d.glob("pytorch_model*.bin")))
+
+
+# ------------------------------------------------------------------ every rank's part
+
+
+def save_checkpoint(ctx: RankContext, step: int, *, final: bool = False) -> None:
+    """Every rank writes its part into a temporary directory; rank 0 publishes it."""
+    cfg, roles, bridge = ctx.cfg, ctx.roles, ctx.bridge
+    tmp, dst = tmp_step_dir(cfg.output.dir, step), step_dir(cfg.output.dir, step)
+    if roles.rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    bridge.barrier()
+    part: dict = {"rank": roles.rank}
+    if ctx.policy is not None:
+        ctx.policy.save(str(tmp), client_state={"step": step})
+        if roles.replica == 0:
+            part["stage"] = roles.stage
+            part["names"] = write_hf_shard(tmp / "hf", roles.stage, roles.num_stages, ctx.policy.export_state())
+    if ctx.data is not None:
+        part["prompt_sampler"] = ctx.data.state_dict()
+    save_rng(tmp / "rng" / f"rank_{roles.rank}.pt")
+    parts = bridge.gather_objects(part, dst=0)
+    if roles.rank == 0:
+        names = [[] for _ in range(cfg.topology.pipeline_stages)]
+        data_state = None
+        for p in parts:
+            if "stage" in p:
+                names[p["stage"]] = p["names"]
+            if "prompt_sampler" in p:
+                data_state = p["prompt_sampler"]
+        hf_config = ctx.policy.hf_config if ctx.policy is not None else load_hf_config(ctx.model_path)
+        write_hf_index(tmp / "hf", names, hf_config, ctx.tokenizer, ctx.policy_dtype)
+        write_json_atomic(tmp / STATE_FILE, {"step": step, "prompt_sampler": data_state,
+                                             "total_steps": cfg.schedule.steps})
+        publish(tmp, dst)
+        prune(cfg.output.dir, cfg.output.keep_checkpoints)
+        if final:
+            model_dir = Path(cfg.output.dir) / "model"
+            copy_tree_atomic(dst / "hf", model_dir)
+            write_json_atomic(model_dir / FINAL_STATE_FILE, {"step": step})
+        log.info("saved checkpoint %s%s", dst, f" and final model {Path(cfg.output.dir) / 'model'}" if final else "")
+    bridge.barrier()
+
+
+def resume_checkpoint(ctx: RankContext) -> int:
+    """Restore from the configured checkpoint (`output.resume`); returns the step to continue after
+    (0 = fresh)."""
+    cfg, roles = ctx.cfg, ctx.roles
+    if cfg.output.resume == "never":
+        return 0
+    path = latest_checkpoint(cfg.output.dir) if cfg.output.resume == "auto" else Path(cfg.output.resume)
+    if path is None:
+        return 0
+    if not (path / STATE_FILE).is_file():
+        raise ConfigError(f"output.resume: {path} is not a complete rlft checkpoint (no {STATE_FILE})")
+    state = read_state(path)
+    if ctx.policy is not None:
+        ctx.policy.load(str(path))
+    if ctx.data is not None and state.get("prompt_sampler"):
+        ctx.data.load_state_dict(state["prompt_sampler"])
+    load_rng(path / "rng" / f"rank_{roles.rank}.pt")
+    if roles.rank == 0:
+        log.info("resuming from %s (step %d)", path, state["step"])
+    return int(state["step"])

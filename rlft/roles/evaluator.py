@@ -1,7 +1,7 @@
-"""Evaluation on a test split: generate, grade, summarise, write.
+"""The evaluator role, and evaluation on a test split: generate, grade, summarise, write.
 
 The same functions serve the stand-alone command line (``python -m rlft.evaluate``) and the
-evaluator role during training, which keeps one engine resident and passes it in:
+evaluator role during training (:class:`Evaluator`), which keeps one engine resident:
 
     records, summary = evaluate(engine, tokenizer, examples, spec=spec, k=1)
     write_results(out_dir, records, summary)
@@ -29,10 +29,12 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from rlft.data import Example
-from rlft.engines.base import SamplingSpec
+from rlft.config import RunConfig
+from rlft.data import Example, load_examples
+from rlft.engines.base import RolloutEngine, SamplingSpec
 from rlft.grader import grade_batch
 from rlft.prompts import format_prompt
+from rlft.roles.rollout import sampling_spec
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,7 @@ SUMMARY_FILE = "summary.json"
 __all__ = [
     "RESULTS_FILE",
     "SUMMARY_FILE",
+    "Evaluator",
     "evaluate",
     "pass_at_k",
     "score_responses",
@@ -262,3 +265,22 @@ def write_results(out_dir: str | os.PathLike, records: Sequence[dict], summary: 
     _atomic_write_text(results_path, lines)
     _atomic_write_text(summary_path, json.dumps(summary, indent=2) + "\n")
     return results_path, summary_path
+
+
+class Evaluator:
+    """Scores the run's eval split (`data.eval_split`, `data.eval_size`) with `engine`, greedy by
+    default (`sampling.eval_*`); each evaluation is written to OUT/eval/<name>/.  The engine stays
+    resident: weight syncs update it in place (it is the rollout role's when both share a rank)."""
+
+    def __init__(self, cfg: RunConfig, engine: RolloutEngine, tokenizer):
+        self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
+        self.examples = load_examples(cfg.data.source, cfg.data.eval_split, size=cfg.data.eval_size,
+                                      seed=cfg.seed).examples
+        self.spec = sampling_spec(cfg.sampling, n=1, seed=cfg.seed, evaluation=True)
+
+    def evaluate(self, name: str, *, progress: bool = False) -> dict:
+        """Generate, grade and write OUT/eval/`name`/; returns the summary."""
+        records, summary = evaluate(self.engine, self.tokenizer, self.examples, spec=self.spec,
+                                    prompt_template=self.cfg.data.prompt_template, progress=progress)
+        write_results(Path(self.cfg.output.dir) / "eval" / name, records, summary)
+        return summary

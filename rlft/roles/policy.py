@@ -19,12 +19,12 @@ from rlft.config import RunConfig
 from rlft.pipeline import build_policy_pipeline, export_hf_state_dict, load_hf_weights, pipeline_logprobs
 from rlft.topology import RankRoles, check_stages_vs_layers
 
-DS_CONFIG_DIR = Path(__file__).resolve().parent.parent / "ds_configs"
-
+# DeepSpeed's JSON templates ship inside the package (rlft/ds_configs/), so an installed rlft finds them.
+DS_CONFIG_DIR = Path(__file__).resolve().parents[1] / "ds_configs"
 
 
 def deepspeed_config(cfg: RunConfig, *, bf16: bool, gradient_accumulation_steps: int) -> dict:
-    """The JSON template from ds_configs/ with every value the YAML also sets taken from the YAML."""
+    """The JSON template from rlft/ds_configs/ with every value the YAML also sets taken from the YAML."""
     name = "pipeline_bf16.json" if bf16 else "pipeline_fp32.json"
     ds = json.loads((DS_CONFIG_DIR / name).read_text())
     ds["train_micro_batch_size_per_gpu"] = cfg.optim.train_micro_batch_size

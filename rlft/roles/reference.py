@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from rlft.batch import RolloutBatch
 from rlft.models import load_causal_lm
 
 
@@ -20,18 +21,19 @@ def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
 
 
 class ReferenceModel:
-    def __init__(self, model_path: str, *, dtype: str, device: torch.device, attn_implementation: str = "sdpa"):
-        self.device = device
+    def __init__(self, model_path: str, *, dtype: str, device: torch.device, micro_batch_size: int,
+                 attn_implementation: str = "sdpa"):
+        self.device, self.micro_batch_size = device, micro_batch_size
         self.model = load_causal_lm(model_path, dtype=dtype, device=str(device),
                                     attn_implementation=attn_implementation)
         self.model.eval().requires_grad_(False)
 
     @torch.inference_mode()
-    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batch_size: int) -> torch.Tensor:
-        """[B, T] ids and mask -> [B, T-1] log-probs on the CPU."""
+    def logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        """The batch's per-token log-probs ``[B, T-1]``, on the CPU."""
         out = []
-        for i in range(0, input_ids.shape[0], micro_batch_size):
-            ids = input_ids[i:i + micro_batch_size].to(self.device)
-            mask = attention_mask[i:i + micro_batch_size].to(self.device)
+        for i in range(0, len(batch), self.micro_batch_size):
+            ids = batch.input_ids[i:i + self.micro_batch_size].to(self.device)
+            mask = batch.attention_mask[i:i + self.micro_batch_size].to(self.device)
             out.append(sequence_logprobs(self.model, ids, mask).cpu())
         return torch.cat(out)

@@ -1,0 +1,123 @@
+"""SFT's data role: (prompt, target) pairs from the train split, handed out in tokenised batches.
+
+Every training row becomes the prompt `format_prompt(question)` (ending in `Assistant: <think>`)
+followed by the target `format_sft_target(solution)` (` reasoning </think> <answer> 72 </answer>`);
+the policy learns the target tokens only.  The feeder lives on the sampler's rank (SFT has no
+sampler) and draws batches in a seeded, resumable order.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from rlft.batch import RolloutBatch, tokenize_prompt_and_output
+from rlft.common import log
+from rlft.config import ConfigError, RunConfig
+from rlft.data import PromptSampler, load_examples
+from rlft.prompts import format_prompt, format_sft_target
+
+# Reasons a training row is left out (counted and logged once).
+SKIP_NO_SOLUTION = "no_solution"  # no worked solution, or one format_sft_target cannot rewrite
+SKIP_TOO_LONG = "too_long"  # prompt + target tokens > sft.max_seq_len
+
+
+@dataclass
+class SFTData:
+    """Prompt/target text pairs that fit `max_seq_len`, and how many rows were left out, by reason."""
+
+    prompts: list[str]
+    targets: list[str]
+    num_tokens: list[int]  # prompt + target tokens of each pair
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+def build_sft_data(examples, tokenizer, *, template: str = "r1_zero", max_seq_len: int = 1024,
+                   chunk_size: int = 1024) -> SFTData:
+    """Rewrite `rlft.data.Example`s into SFT pairs, dropping (and counting) unusable ones.
+
+    Token counts are those `rlft.batch.tokenize_prompt_and_output` will produce: the prompt
+    tokenised with the tokenizer's special tokens (only what its attention mask keeps), the target
+    without.  A pair is kept when prompt + target tokens <= `max_seq_len`.
+    """
+    skipped: Counter = Counter()
+    pairs = []
+    for ex in examples:
+        target = format_sft_target(ex.solution) if ex.solution else None
+        if target is None:
+            skipped[SKIP_NO_SOLUTION] += 1
+            continue
+        pairs.append((format_prompt(ex.question, template), target))
+    out = SFTData([], [], [], {})
+    for lo in range(0, len(pairs), chunk_size):  # batched: the fast tokenizers' parallel path
+        prompts, targets = zip(*pairs[lo:lo + chunk_size])
+        p_enc = tokenizer(list(prompts))
+        t_enc = tokenizer(list(targets), add_special_tokens=False)
+        for prompt, target, mask, t_ids in zip(prompts, targets, p_enc["attention_mask"], t_enc["input_ids"]):
+            n = int(sum(mask)) + len(t_ids)
+            if n > max_seq_len:
+                skipped[SKIP_TOO_LONG] += 1
+                continue
+            out.prompts.append(prompt)
+            out.targets.append(target)
+            out.num_tokens.append(n)
+    out.skipped = dict(skipped)
+    return out
+
+
+def sft_batch(data: SFTData, indices: list[int], tokenizer, padding_side: str = "right") -> RolloutBatch:
+    """The training batch of the pairs at `indices`: its `response_mask` (label-aligned: column t
+    is 1 when token t+1 is a target token) selects the target tokens the loss reads."""
+    return tokenize_prompt_and_output([data.prompts[i] for i in indices], [data.targets[i] for i in indices],
+                                      tokenizer, padding_side=padding_side)
+
+
+def sft_total_steps(num_examples: int, batch_size: int, epochs: int, max_steps: int | None) -> int:
+    """`max_steps` when set, else `epochs` x whole batches per epoch (a short last batch is dropped,
+    as `PromptSampler` does; each epoch reshuffles, so every example is still seen over epochs)."""
+    if num_examples < batch_size:
+        raise ConfigError(f"sft.batch_size: {batch_size} sequences per step but only {num_examples} usable "
+                          f"training examples; lower sft.batch_size, or raise sft.train_size / sft.max_seq_len")
+    return max_steps if max_steps is not None else epochs * (num_examples // batch_size)
+
+
+class SFTFeeder:
+    """Loads the train split (`sft.train_size` rows), keeps the pairs that fit `sft.max_seq_len` and
+    hands out `sft.batch_size` of them per step; `total_steps` is what the data allow
+    (`sft.max_steps`, or `sft.epochs` x whole batches)."""
+
+    def __init__(self, cfg: RunConfig, tokenizer):
+        self.cfg, self.tokenizer = cfg, tokenizer
+        loaded = load_examples(cfg.data.source, cfg.data.train_split, size=cfg.sft.train_size, seed=cfg.seed)
+        data = build_sft_data(loaded.examples, tokenizer, template=cfg.data.prompt_template,
+                              max_seq_len=cfg.sft.max_seq_len)
+        data.skipped = dict(Counter(loaded.skipped) + Counter(data.skipped))
+        self.data = data
+        self.total_steps = sft_total_steps(len(data), cfg.sft.batch_size, cfg.sft.epochs, cfg.sft.max_steps)
+        self.prompts = PromptSampler(len(data), cfg.sft.batch_size, cfg.seed, shuffle=cfg.data.shuffle)
+        mean_len = sum(data.num_tokens) / len(data)
+        log.info("sft data: %d pairs from %s [%s] (mean %.0f tokens; skipped %s), %d per step, %d steps per "
+                 "epoch, %d steps", len(data), cfg.data.source, cfg.data.train_split, mean_len,
+                 ", ".join(f"{k}={v}" for k, v in sorted(data.skipped.items())) or "none", cfg.sft.batch_size,
+                 self.prompts.batches_per_epoch, self.total_steps)
+
+    def info(self) -> dict:
+        """What every rank needs to know of the data: the step count and what was kept/skipped."""
+        return {"total_steps": self.total_steps, "num_examples": len(self.data), "skipped": self.data.skipped}
+
+    def next_batch(self) -> RolloutBatch:
+        return sft_batch(self.data, self.prompts.next_batch(), self.tokenizer, self.cfg.model.padding_side)
+
+    def batch_metrics(self, batch: RolloutBatch) -> dict:
+        return {"tokens/total": float(batch.attention_mask.sum()),
+                "tokens/response": float(batch.response_mask.sum()),
+                "sequence_length/max": float(batch.attention_mask.sum(-1).max()),
+                "data/epoch": self.prompts.progress}
+
+    def state_dict(self) -> dict:
+        return self.prompts.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.prompts.load_state_dict(state)

@@ -1,0 +1,59 @@
+"""Building what a rank hosts, from the topology, for both trainers (`build_roles`)."""
+from __future__ import annotations
+
+import torch
+
+from rlft.config import RunConfig
+from rlft.runtime.bridge import init_policy_world
+from rlft.runtime.context import RankContext
+
+
+def build_roles(ctx: RankContext, objective, *, batch_size: int, rollouts: bool) -> None:
+    """Create this rank's roles on `ctx`: the policy stage (optimising `objective`, `batch_size`
+    sequences per step), the reference (when the objective reads its log-probs), the rollout role
+    (when `rollouts`: GRPO's sampler) and the evaluator, which shares the sampler's engine when both
+    live on one rank.  SFT's data feeder is made before, since its data decide the step count."""
+    cfg, roles = ctx.cfg, ctx.roles
+    if roles.policy:
+        from rlft.roles.policy import PolicyTrainer
+
+        backend = "nccl" if ctx.device.type == "cuda" else "gloo"
+        init_policy_world(ctx.bridge, roles.policy_index, len(cfg.topology.policy_ranks), backend)
+        ctx.policy = PolicyTrainer(cfg, roles, ctx.model_path, ctx.device, bf16=ctx.policy_dtype == torch.bfloat16,
+                                   objective=objective, batch_size=batch_size)
+    if roles.reference and objective.needs_reference:
+        from rlft.roles.reference import ReferenceModel
+
+        ctx.reference = ReferenceModel(ctx.model_path, dtype=ctx.dtype, device=ctx.device,
+                                       micro_batch_size=cfg.optim.train_micro_batch_size,
+                                       attn_implementation=cfg.model.attn_implementation)
+    if rollouts and roles.sampler:
+        from rlft.roles.rollout import RolloutWorker
+
+        ctx.rollout = RolloutWorker(cfg, engine_for_run(ctx, ctx.model_path), ctx.tokenizer)
+    if roles.evaluator:
+        from rlft.roles.evaluator import Evaluator
+
+        engine = ctx.rollout.engine if ctx.rollout is not None else engine_for_run(ctx, ctx.model_path)
+        ctx.evaluator = Evaluator(cfg, engine, ctx.tokenizer)
+
+
+def engine_for_run(ctx: RankContext, model_path: str):
+    """A rollout engine for `model_path` as the run's config asks (`sampling.backend`, `sampling.vllm`)."""
+    from rlft.engines import make_engine
+
+    cfg = ctx.cfg
+    return make_engine(cfg.sampling.backend, model_path, dtype=ctx.dtype, device=str(ctx.device), seed=cfg.seed,
+                       tokenizer=ctx.tokenizer, vllm_options=vllm_options(cfg, ctx.device.type))
+
+
+def vllm_options(cfg: RunConfig, device_type: str) -> dict:
+    """The vLLM engine's keyword arguments from `sampling.vllm`."""
+    v = cfg.sampling.vllm
+    opts = {"enforce_eager": v.enforce_eager, "max_model_len": v.max_model_len,
+            "enable_sleep_mode": v.sleep_mode and device_type == "cuda"}
+    if device_type == "cuda":
+        opts["gpu_memory_utilization"] = v.gpu_memory_utilization
+    if v.kv_cache_memory_bytes is not None or device_type == "cpu":
+        opts["kv_cache_memory_bytes"] = v.kv_cache_memory_bytes or 256 << 20
+    return opts

@@ -1,0 +1,90 @@
+"""What one rank holds: its config and roles, its device and the dtype its models run in."""
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlft.common import resolve_dtype
+from rlft.config import ConfigError, RunConfig
+from rlft.runtime.bridge import Bridge
+from rlft.topology import RankRoles
+
+if TYPE_CHECKING:  # the role modules import DeepSpeed and transformers: only where a role is built
+    from rlft.engines import RolloutEngine
+    from rlft.roles.evaluator import Evaluator
+    from rlft.roles.policy import PolicyTrainer
+    from rlft.roles.reference import ReferenceModel
+    from rlft.roles.rollout import RolloutWorker
+    from rlft.roles.sft_data import SFTFeeder
+    from rlft.runtime.reporting import Tracker
+
+
+@dataclass
+class RankContext:
+    """Everything a rank holds, for both trainers.  A role object is None unless this rank hosts
+    that role (`roles` says which: `roles.policy`, `roles.sampler`, ...)."""
+
+    cfg: RunConfig
+    roles: RankRoles
+    bridge: Bridge
+    device: torch.device
+    model_path: str = ""  # the starting model, resolved (rank 0 converts a .gguf once)
+    tokenizer: Any = None
+    policy: PolicyTrainer | None = None
+    rollout: RolloutWorker | None = None  # GRPO's sampler
+    reference: ReferenceModel | None = None
+    evaluator: Evaluator | None = None
+    feeder: SFTFeeder | None = None  # SFT's data, on the sampler's rank
+    tracker: Tracker | None = None  # rank 0 only
+    seconds: dict[str, float] = field(default_factory=dict)  # this step's time per phase
+
+    @property
+    def dtype(self) -> str:
+        """What this rank's engines and reference run in (`rlft.common.resolve_dtype`)."""
+        return resolve_dtype(self.cfg.model.dtype, self.device.type)
+
+    @property
+    def policy_dtype(self) -> torch.dtype:
+        """The pipeline trains in bfloat16 or float32 (its DeepSpeed templates)."""
+        return torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
+
+    @property
+    def data(self) -> RolloutWorker | SFTFeeder | None:
+        """The role whose position in the training data a checkpoint keeps (the sampler's rank)."""
+        return self.rollout if self.rollout is not None else self.feeder
+
+    def engines(self) -> list[RolloutEngine]:
+        """This rank's distinct engines, the sampler's first (one object when roles share it)."""
+        found = [r.engine for r in (self.rollout, self.evaluator) if r is not None]
+        return list({id(e): e for e in found}.values())
+
+    @contextmanager
+    def timed(self, phase: str):
+        t0 = time.perf_counter()
+        yield
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+
+def choose_device(cfg: RunConfig) -> torch.device:
+    want_cuda = cfg.device == "cuda" or (cfg.device == "auto" and os.environ.get("DS_ACCELERATOR") != "cpu"
+                                         and torch.cuda.is_available())
+    if not want_cuda:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("device: cuda requested but no GPU is visible")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local)
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (host RSS)

@@ -1,0 +1,65 @@
+"""Before a trainer builds its roles: the starting model, the resolved config, the entry rule."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlft.common import looks_like_hub_id
+from rlft.config import ConfigError, save_config
+from rlft.models import DEFAULT_MODEL, ModelPathError, check_model_dir, load_tokenizer, resolve_model_path
+from rlft.runtime.checkpoint import finished_model
+from rlft.runtime.context import RankContext
+
+SFT_HINT = ("make it with supervised fine-tuning first: `bash launch/sft.sh launch/configs/sft_1gpu.yaml` "
+            "(writes runs/sft/model), or point output.init_checkpoint at any HF model (a hub id or a local "
+            "model directory), or set it to null to start from model.path")
+
+
+def check_init_checkpoint(path: str | None) -> None:
+    """Refuse an `output.init_checkpoint` that names no model, saying how to make one.
+
+    Passes: None (start from model.path), a complete HF model directory, a .gguf file, the offline
+    default model's name, and hub ids (`org/name`, unless a local directory `org` exists, which
+    means a local path was meant).  Raises ConfigError otherwise.
+    """
+    if path is None or path == DEFAULT_MODEL:
+        return
+    p = Path(path).expanduser()
+    if p.is_dir():
+        try:
+            check_model_dir(p)
+        except ModelPathError as e:
+            raise ConfigError(f"output.init_checkpoint: {e}; {SFT_HINT}") from None
+        return
+    if p.is_file():
+        if p.suffix == ".gguf":
+            return
+        raise ConfigError(f"output.init_checkpoint: {path} is a file, not a model directory or a .gguf; {SFT_HINT}")
+    if looks_like_hub_id(path):
+        return
+    raise ConfigError(f"output.init_checkpoint: {path} does not exist; {SFT_HINT}")
+
+
+def resolve_start_model(ctx: RankContext) -> None:
+    """Rank 0 resolves (and, for a .gguf, converts) the starting model once; the others wait for its
+    path.  Every rank then loads the tokenizer."""
+    cfg = ctx.cfg
+    path = resolve_model_path(cfg.output.init_checkpoint or cfg.model.path) if ctx.roles.rank == 0 else None
+    ctx.model_path = ctx.bridge.broadcast_object(path, src=0)
+    ctx.tokenizer = load_tokenizer(ctx.model_path)
+
+
+def finished_output(ctx: RankContext) -> Path | None:
+    """The entry rule: OUT/model already holds a model trained for `schedule.steps` -> its path (the
+    run evaluates it instead of training); the tokenizer is then the finished model's."""
+    final = finished_model(ctx.cfg.output.dir, ctx.cfg.schedule.steps)
+    if final is not None:
+        ctx.tokenizer = load_tokenizer(str(final))
+    return final
+
+
+def write_resolved_config(ctx: RankContext) -> None:
+    """Rank 0 writes OUT/config.yaml: every setting, defaults filled in."""
+    if ctx.roles.rank == 0:
+        out = Path(ctx.cfg.output.dir)
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(ctx.cfg, out / "config.yaml")

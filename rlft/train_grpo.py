@@ -1,0 +1,98 @@
+"""GRPO training: `deepspeed --num_gpus N -m rlft.train_grpo --config X.yaml [key=value ...]`.
+
+Every rank of the launch runs this file.  It reads the same config, derives its role(s) from
+`topology:` and then every rank walks through the same step (`grpo_step`), doing the parts that
+its roles own (rlft/roles/) and exchanging the results over the bridge:
+
+    rollout    prompts -> grouped rollouts -> rewards -> group-normalised advantages -> batch
+    reference  frozen log-probs of the batch (when KL or reference old log-probs are on)
+    policy     DeepSpeed pipeline: one optimizer step over the batch (GRPOObjective)
+    all        fresh policy weights -> sampler (and evaluator) engines
+    evaluator  every `evaluate_freq` steps: score the eval split
+"""
+from __future__ import annotations
+
+from rlft.config import load_config_or_exit
+from rlft.objectives import GRPOObjective
+from rlft.runtime.build import build_roles
+from rlft.runtime.checkpoint import resume_checkpoint
+from rlft.runtime.context import RankContext
+from rlft.runtime.entry import check_init_checkpoint, finished_output, resolve_start_model, write_resolved_config
+from rlft.runtime.evaluation import evaluate_existing, run_evaluation
+from rlft.runtime.loop import close_tracker, open_tracker, report, run_steps
+from rlft.runtime.rank import parse_run_args, run_rank
+from rlft.runtime.sync import sync_weights
+
+
+def grpo_step(ctx: RankContext, step: int) -> dict:
+    """One GRPO step on every rank; returns this rank's metrics (the coordinator logs them all)."""
+    cfg, bridge, t = ctx.cfg, ctx.bridge, ctx.cfg.topology
+    metrics: dict = {}
+    batch = None
+
+    # 1. Rollouts: the next prompts, group_size responses each, graded, with advantages (sampler rank).
+    if ctx.rollout is not None:
+        batch, rollout_metrics = ctx.rollout.collect(step, timed=ctx.timed)
+        metrics.update(rollout_metrics)
+    batch = bridge.broadcast_object(batch, src=t.sampler_rank)
+
+    # 2. Reference log-probs (frozen starting policy).
+    if cfg.grpo.needs_reference:
+        ref = None
+        if ctx.reference is not None:
+            with ctx.timed("reference"):
+                ref = ctx.reference.logprobs(batch)
+        batch.ref_logprobs = bridge.broadcast_object(ref, src=t.reference_rank)
+
+    # 3. Policy update: old log-probs (several epochs per rollout only), then optimizer step(s).
+    if ctx.policy is not None:
+        with ctx.timed("train"):
+            metrics.update(ctx.policy.update(batch, epochs=cfg.grpo.epochs_per_rollout))
+
+    # 4. Fresh weights into the sampler (and the evaluator's engine).
+    if step % cfg.schedule.sync_every == 0:
+        with ctx.timed("sync"):
+            metrics.update(sync_weights(ctx))
+
+    # 5. Evaluation on the held-out split (and always after the last step).
+    if (cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0) or step == cfg.schedule.steps:
+        metrics.update(run_evaluation(ctx, step))
+    return metrics
+
+
+def train(ctx: RankContext) -> None:
+    cfg = ctx.cfg
+    start = resume_checkpoint(ctx)
+    if start > 0 or cfg.schedule.evaluate_at_start:
+        sync_weights(ctx)  # the engines start from the initial model; a resumed policy differs
+    open_tracker(ctx, start)
+    if cfg.schedule.evaluate_at_start and start == 0:
+        report(ctx, 0, ctx.bridge.gather_objects(run_evaluation(ctx, 0), dst=0))
+    run_steps(ctx, grpo_step, start, desc="grpo")
+    close_tracker(ctx)
+
+
+def run(ctx: RankContext) -> None:
+    """An output whose model/ is already trained is evaluated; otherwise build the roles and train."""
+    final = finished_output(ctx)
+    if final is not None:
+        evaluate_existing(ctx, final)
+        return
+    check_init_checkpoint(ctx.cfg.output.init_checkpoint)  # every rank, so all stop together
+    resolve_start_model(ctx)
+    write_resolved_config(ctx)
+    build_roles(ctx, GRPOObjective(ctx.cfg.grpo, ctx.cfg.sampling.max_tokens),
+                batch_size=ctx.cfg.optim.rollout_batch_size, rollouts=True)
+    ctx.bridge.barrier()
+    train(ctx)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_run_args("rlft.train_grpo", __doc__.split("\n")[0], argv,
+                          config_help="YAML config (see launch/configs/)",
+                          overrides_help="dotted overrides, e.g. optim.lr=2e-6")
+    run_rank(load_config_or_exit(args.config, args.overrides), run, launcher="launch/train.sh")
+
+
+if __name__ == "__main__":
+    main()

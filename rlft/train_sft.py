@@ -1,0 +1,168 @@
+"""Supervised fine-tuning: `deepspeed --num_gpus N -m rlft.train_sft --config X.yaml [key=value ...]`.
+
+SFT teaches the output contract that GRPO grades: every GSM8K training row becomes the prompt
+`format_prompt(question)` (ending in `Assistant: <think>`) followed by the target
+`format_sft_target(solution)` (` reasoning </think> <answer> 72 </answer>`), and the policy learns
+the target tokens only (token-level NLL, the prompt's tokens masked out).  Its output directory's
+`model/` is the starting point of the GRPO configs (`output.init_checkpoint: runs/sft/model`).
+
+It runs on the same runtime as `rlft.train_grpo` (rlft/runtime/), with the same `topology:`:
+
+    data       the sampler's rank: loads and tokenises the train split, draws each batch with a
+               seeded, resumable `PromptSampler` and hands it to the policy ranks (`SFTFeeder`)
+    policy     the DeepSpeed pipeline (`PolicyTrainer` with `SFTObjective`): one optimizer step per batch
+    evaluator  every `schedule.evaluate_freq` steps: fresh weights from the policy into its resident
+               engine, then the eval split is generated and graded
+
+The reference role has nothing to do here.  The number of steps is `sft.max_steps`, or `sft.epochs`
+x (usable examples // `sft.batch_size`); `schedule.steps` is set to it, so checkpoints, the resolved
+config and the "already trained" rule read it from one place.
+"""
+from __future__ import annotations
+
+import sys
+
+from rlft.config import ConfigError, RunConfig, load_config_or_exit
+from rlft.objectives import SFTObjective
+from rlft.roles.sft_data import SFTFeeder
+from rlft.runtime.build import build_roles
+from rlft.runtime.checkpoint import resume_checkpoint, save_checkpoint
+from rlft.runtime.context import RankContext
+from rlft.runtime.entry import finished_output, resolve_start_model, write_resolved_config
+from rlft.runtime.evaluation import evaluate_existing, run_evaluation
+from rlft.runtime.loop import close_tracker, open_tracker, report, run_steps
+from rlft.runtime.rank import parse_run_args, run_rank
+from rlft.runtime.sync import sync_weights
+from rlft.topology import RankRoles
+
+
+def check_sft_config(cfg: RunConfig) -> None:
+    """What SFT needs of a config beyond `rlft.config.validate`.
+
+    The data lives on the sampler's rank, which must also be the evaluator's: weight syncs go to
+    the sampler's and the evaluator's ranks, and in SFT only the evaluator has an engine to fill.
+    SFT's batch must split into replicas x micro-batches like the GRPO batch does.
+    """
+    t, micro, bs = cfg.topology, cfg.optim.train_micro_batch_size, cfg.sft.batch_size
+    if t.sampler_rank != t.evaluator_rank:
+        raise ConfigError(f"topology.sampler_rank: SFT keeps its training data on the evaluator's rank; set "
+                          f"topology.sampler_rank={t.evaluator_rank} (the evaluator_rank), got {t.sampler_rank}")
+    replicas = len(t.policy_ranks) // t.pipeline_stages
+    if bs % replicas or (bs // replicas) % micro:
+        raise ConfigError(f"sft.batch_size: {bs} must split evenly into {replicas} data-parallel replica(s) x "
+                          f"micro-batches of optim.train_micro_batch_size={micro}")
+
+
+def sft_step(ctx: RankContext, step: int) -> dict:
+    """One SFT step on every rank; returns this rank's metrics (the coordinator logs them all)."""
+    cfg = ctx.cfg
+    metrics: dict = {}
+    batch = None
+
+    # 1. The next batch of (prompt, target) pairs, tokenised (data rank).
+    if ctx.feeder is not None:
+        with ctx.timed("data"):
+            batch = ctx.feeder.next_batch()
+        metrics.update(ctx.feeder.batch_metrics(batch))
+    batch = ctx.bridge.broadcast_object(batch, src=cfg.topology.sampler_rank)
+
+    # 2. One optimizer step of the pipeline over the batch.
+    if ctx.policy is not None:
+        with ctx.timed("train"):
+            metrics.update(ctx.policy.update(batch))
+
+    # 3. Evaluation on the held-out split, with the policy's current weights.
+    if cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0:
+        metrics.update(evaluate_now(ctx, step))
+    return metrics
+
+
+def evaluate_now(ctx: RankContext, step: int, *, sync: bool = True) -> dict:
+    """Push the policy's weights into the evaluator's engine, then score the eval split (all ranks call).
+
+    With `sampling.vllm.sleep_mode` the engine is woken for this and put back to sleep after it.
+    """
+    engine = ctx.evaluator.engine if ctx.evaluator is not None and ctx.cfg.sampling.vllm.sleep_mode else None
+    if engine is not None:
+        engine.wake()
+    metrics = {}
+    if sync:
+        with ctx.timed("sync"):
+            metrics.update(sync_weights(ctx))  # checksums: what the stages sent vs what the engine holds
+    metrics.update(run_evaluation(ctx, step))
+    if engine is not None:
+        engine.sleep()
+    return metrics
+
+
+def train_throughput(gathered: list[dict]) -> dict:
+    """Tokens per second of the optimizer step alone (the step time also holds data and eval)."""
+    tokens = next((m["tokens/total"] for m in gathered if "tokens/total" in m), None)
+    train_s = max((m.get("seconds", {}).get("train", 0.0) for m in gathered), default=0.0)
+    return {"throughput/train_tokens_per_s": tokens / train_s} if tokens and train_s else {}
+
+
+def train(ctx: RankContext, data_info: dict) -> None:
+    """Resume (`output.resume`), then the steps with checkpoints every `schedule.save_every` and at
+    the end (which also writes OUT/model/), and a final evaluation unless the last step had one."""
+    cfg, bridge = ctx.cfg, ctx.bridge
+    total = cfg.schedule.steps
+    start = resume_checkpoint(ctx)
+    open_tracker(ctx, start)
+    if ctx.tracker is not None and start == 0:
+        ctx.tracker.scalars(0, {"data/train_pairs": data_info["num_examples"],
+                                **{f"data/skipped/{k}": v for k, v in data_info["skipped"].items()}})
+    if cfg.schedule.evaluate_at_start and start == 0:
+        report(ctx, 0, bridge.gather_objects(evaluate_now(ctx, 0, sync=False), dst=0))
+    run_steps(ctx, sft_step, start, desc="sft", extra_metrics=train_throughput)
+    if start >= total:  # resumed from the last step's checkpoint: only the final model is missing
+        save_checkpoint(ctx, total, final=True)
+    if cfg.schedule.evaluate_freq == 0 or total % cfg.schedule.evaluate_freq or start >= total:
+        report(ctx, total, bridge.gather_objects(evaluate_now(ctx, total), dst=0))
+    close_tracker(ctx)
+
+
+def run(ctx: RankContext) -> None:
+    """Model and data first (the data decide the step count); an output whose model/ already holds
+    that many steps is evaluated instead of trained."""
+    cfg, bridge = ctx.cfg, ctx.bridge
+    resolve_start_model(ctx)
+    ctx.feeder = SFTFeeder(cfg, ctx.tokenizer) if ctx.roles.sampler else None
+    info = bridge.broadcast_object(ctx.feeder.info() if ctx.feeder else None, src=cfg.topology.sampler_rank)
+    cfg.schedule.steps = info["total_steps"]
+
+    final = finished_output(ctx)
+    if final is not None:
+        evaluate_existing(ctx, final)
+        return
+    write_resolved_config(ctx)
+    build_roles(ctx, SFTObjective(), batch_size=cfg.sft.batch_size, rollouts=False)
+    if ctx.evaluator is not None and cfg.sampling.vllm.sleep_mode:
+        ctx.evaluator.engine.sleep()  # its memory goes to the policy until the first evaluation
+    bridge.barrier()
+    train(ctx, info)
+
+
+def role_label(roles: RankRoles) -> str:
+    """What this rank does in SFT, for log lines (the sampler's rank is the data rank here)."""
+    parts = [n for n, on in (("policy", roles.policy), ("data", roles.sampler), ("evaluator", roles.evaluator)) if on]
+    return "+".join(parts) or "idle"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_run_args("rlft.train_sft", __doc__.split("\n")[0], argv, check_config=True,
+                          config_help="YAML config (see launch/configs/sft_*.yaml)",
+                          overrides_help="dotted overrides, e.g. sft.epochs=2 optim.lr=1e-5")
+    cfg = load_config_or_exit(args.config, args.overrides)
+    try:
+        check_sft_config(cfg)
+    except ConfigError as e:
+        print(f"rlft: config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if args.check_config:
+        return
+    run_rank(cfg, run, launcher="launch/sft.sh", role_label=role_label)
+
+
+if __name__ == "__main__":
+    main()
