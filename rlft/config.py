@@ -418,27 +418,21 @@ def validate(cfg: RunConfig) -> RunConfig:
 
 def check_topology(t: TopologyConfig) -> None:
     """Refuse impossible topologies before anything starts; messages name the problem."""
-    if not t.policy_ranks:
-        raise ConfigError("topology.policy_ranks: must list at least one rank")
-    if any(r < 0 for r in [*t.policy_ranks, t.sampler_rank, t.reference_rank, t.evaluator_rank]):
-        raise ConfigError("topology: ranks must be >= 0")
+    _require(bool(t.policy_ranks), "topology.policy_ranks: must list at least one rank")
+    _require(all(r >= 0 for r in [*t.policy_ranks, t.sampler_rank, t.reference_rank, t.evaluator_rank]),
+             "topology: ranks must be >= 0")
     dup = sorted({r for r in t.policy_ranks if t.policy_ranks.count(r) > 1})
-    if dup:
-        raise ConfigError(f"topology.policy_ranks: rank(s) {dup} listed more than once")
-    if t.pipeline_stages < 1:
-        raise ConfigError(f"topology.pipeline_stages: must be >= 1, got {t.pipeline_stages}")
-    if len(t.policy_ranks) % t.pipeline_stages:
-        raise ConfigError(f"topology.policy_ranks: {len(t.policy_ranks)} policy ranks cannot form "
-                          f"pipelines of {t.pipeline_stages} stages (need a multiple of "
-                          f"topology.pipeline_stages)")
-    if t.nodes < 1:
-        raise ConfigError(f"topology.nodes: must be >= 1, got {t.nodes}")
+    _require(not dup, f"topology.policy_ranks: rank(s) {dup} listed more than once")
+    _require(t.pipeline_stages >= 1, f"topology.pipeline_stages: must be >= 1, got {t.pipeline_stages}")
+    _require(len(t.policy_ranks) % t.pipeline_stages == 0,
+             f"topology.policy_ranks: {len(t.policy_ranks)} policy ranks cannot form pipelines of "
+             f"{t.pipeline_stages} stages (need a multiple of topology.pipeline_stages)")
+    _require(t.nodes >= 1, f"topology.nodes: must be >= 1, got {t.nodes}")
     ws = t.world_size()
     used = set(t.policy_ranks) | {t.sampler_rank, t.reference_rank, t.evaluator_rank}
     idle = sorted(set(range(ws)) - used)
-    if idle:
-        raise ConfigError(f"topology: rank(s) {idle} of the {ws} launched would host no role; "
-                          f"renumber the roles to use ranks 0..{len(used) - 1}")
+    _require(not idle, f"topology: rank(s) {idle} of the {ws} launched would host no role; "
+                       f"renumber the roles to use ranks 0..{len(used) - 1}")
 
 
 # ---------------------------------------------------------------- entry points

@@ -173,6 +173,20 @@ def test_every_registered_choice_is_accepted_and_nothing_else():
             load_config(None, [f"{key}=no_such_choice"])
 
 
+def test_sampling_defaults_are_the_engines_defaults():
+    # The config's sampling section and the engines' SamplingSpec declare the same parameters with
+    # the same (vLLM-semantics) defaults; they must not drift apart.
+    import dataclasses
+
+    from rlft.engines import SamplingSpec
+
+    spec, cfg = SamplingSpec(), RunConfig().sampling
+    shared = {f.name for f in dataclasses.fields(SamplingSpec)} & {f.name for f in dataclasses.fields(cfg)}
+    assert shared == {"temperature", "top_p", "min_tokens", "max_tokens", "stop", "include_stop_str_in_output",
+                      "repetition_penalty"}
+    assert {k: getattr(cfg, k) for k in shared} == {k: getattr(spec, k) for k in shared}
+
+
 def test_data_parallel_batch_split():
     # 4 policy ranks as 2 stages = 2 replicas: 8 responses -> 4 per replica -> 2 micro-batches of 2.
     topo = ["topology.policy_ranks=[0,1,2,3]", "topology.pipeline_stages=2", "topology.evaluator_rank=4",
