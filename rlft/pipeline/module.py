@@ -9,8 +9,8 @@ import torch
 from deepspeed.pipe import LayerSpec, PipelineModule
 from deepspeed.utils import logger
 
-from rlft.pipeline.stages import (DecoderLayerPipe, _prepare_config, _spec_boundaries, layers_per_stage,
-                                  policy_layer_specs, stage_layer_range)
+from rlft.pipeline.stages import (DecoderLayerPipe, layers_per_stage, policy_layer_specs, prepare_config,
+                                  spec_boundaries, stage_layer_range)
 
 Batch = tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
 
@@ -32,7 +32,7 @@ class PolicyPipeline(PipelineModule):
     def __init__(self, hf_config, num_stages: int, loss_fn: Callable | None, *,
                  activation_checkpoint_interval: int = 0, compute_entropy: bool = True,
                  metric_names: Sequence[str] = ()):
-        config = _prepare_config(hf_config)
+        config = prepare_config(hf_config)
         layers_per_stage(config.num_hidden_layers, num_stages)  # clear error before any comms
         super().__init__(layers=policy_layer_specs(config, compute_entropy), num_stages=num_stages,
                          loss_fn=loss_fn, activation_checkpoint_interval=activation_checkpoint_interval,
@@ -46,7 +46,7 @@ class PolicyPipeline(PipelineModule):
         # Called by PipelineModule.__init__. DeepSpeed's methods balance counts or parameters; the
         # policy needs the fixed ceil(L/S) split, so the boundaries are set here explicitly.
         num_layers = sum(type(s) is LayerSpec and s.typename is DecoderLayerPipe for s in self._layer_specs)
-        self.parts = _spec_boundaries(num_layers, self.num_stages)
+        self.parts = spec_boundaries(num_layers, self.num_stages)
         stage_id = self._topo.get_coord(self.global_rank).pipe
         if self.global_rank == 0:
             ranges = [stage_layer_range(num_layers, self.num_stages, s) for s in range(self.num_stages)]

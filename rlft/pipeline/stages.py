@@ -64,7 +64,7 @@ def stage_layer_range(num_layers: int, num_stages: int, stage_id: int) -> tuple[
     return start, min(start + per_stage, num_layers)
 
 
-def _spec_boundaries(num_layers: int, num_stages: int) -> list[int]:
+def spec_boundaries(num_layers: int, num_stages: int) -> list[int]:
     """Layer-spec index boundaries (DeepSpeed's ``parts``) for the spec list of
     :func:`policy_layer_specs`: ``[embed, decoder_0 .. decoder_{L-1}, final_norm, head]``."""
     starts = [stage_layer_range(num_layers, num_stages, s)[0] for s in range(num_stages)]
@@ -78,7 +78,7 @@ def _spec_boundaries(num_layers: int, num_stages: int) -> list[int]:
 # --------------------------------------------------------------------------------------------
 
 
-def _prepare_config(hf_config):
+def prepare_config(hf_config):
     """A private copy of the config with the attention implementation resolved and checked."""
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -299,7 +299,7 @@ def policy_layer_specs(hf_config, compute_entropy: bool = True) -> list[LayerSpe
     With ``tie_word_embeddings`` the embedding and the head are one ``TiedLayerSpec`` key, so
     DeepSpeed keeps the first and last stage's copies equal and all-reduces their gradients.
     """
-    config = _prepare_config(hf_config)
+    config = prepare_config(hf_config)
     specs: list[LayerSpec] = []
     tied = bool(getattr(config, "tie_word_embeddings", False))
     if tied:
