@@ -3,25 +3,33 @@
 The policy (`rlft.roles.policy.PolicyTrainer`) knows nothing of GRPO or SFT.  It hands its
 objective, on the last pipeline stage and for every micro-batch, the per-token log-probs and
 entropies `[b, T-1]` and the `Labels` the objective asked for (`label_fields`), and reports the
-metrics the objective names (`metric_names`).  An objective is any object with:
-
-    label_fields         the `RolloutBatch` fields the loss reads (response_mask first)
-    metric_names         the per-micro-batch scalars it returns, the same on every call
-    needs_old_logprobs   whether the policy computes `old_logprobs` before its optimizer steps
-    needs_reference      whether the run needs the reference role's `ref_logprobs`
-    loss(logp, entropy, labels, *, num_tokens_total, num_micro_batches) -> (loss, metrics)
-
-`num_tokens_total` is the response-token count of the replica's whole batch and
-`num_micro_batches` DeepSpeed's gradient-accumulation steps (it divides every micro-batch's loss
-by them), so token-level means over the whole batch come out exact.
+metrics the objective names (`metric_names`): see `Objective`.
 """
 from __future__ import annotations
+
+from typing import Protocol
 
 from torch import Tensor
 
 from rlft.batch import Labels
 from rlft.config import GRPOConfig
 from rlft.grpo import POLICY_LOSS_METRIC_KEYS, masked_mean, policy_loss
+
+
+class Objective(Protocol):
+    """What the policy needs of a loss."""
+
+    label_fields: tuple[str, ...]  # the RolloutBatch fields the loss reads (response_mask first)
+    metric_names: tuple[str, ...]  # the per-micro-batch scalars loss() returns, the same every call
+    needs_old_logprobs: bool  # the policy computes old_logprobs before its optimizer steps
+    needs_reference: bool  # the run needs the reference role's ref_logprobs
+
+    def loss(self, logp: Tensor, entropy: Tensor, labels: Labels, *, num_tokens_total: float,
+             num_micro_batches: int) -> tuple[Tensor, dict[str, Tensor]]:
+        """The micro-batch's scalar loss and metrics.  `num_tokens_total` is the response-token
+        count of the replica's whole batch, `num_micro_batches` DeepSpeed's gradient-accumulation
+        steps (it divides every micro-batch's loss by them): token means over the batch come out exact."""
+        ...
 
 
 class GRPOObjective:

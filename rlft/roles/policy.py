@@ -16,6 +16,7 @@ from transformers import AutoConfig
 
 from rlft.batch import Labels, RolloutBatch, used_width
 from rlft.config import RunConfig
+from rlft.objectives import Objective
 from rlft.pipeline import build_policy_pipeline, export_hf_state_dict, load_hf_weights, pipeline_logprobs
 from rlft.topology import RankRoles, check_stages_vs_layers
 
@@ -56,7 +57,7 @@ class PolicyTrainer:
     """
 
     def __init__(self, cfg: RunConfig, roles: RankRoles, model_path: str, device: torch.device, bf16: bool,
-                 *, objective, batch_size: int):
+                 *, objective: Objective, batch_size: int):
         import deepspeed
 
         self.cfg, self.roles, self.device, self.bf16 = cfg, roles, device, bf16

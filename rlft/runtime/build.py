@@ -4,11 +4,12 @@ from __future__ import annotations
 import torch
 
 from rlft.config import RunConfig
+from rlft.objectives import Objective
 from rlft.runtime.bridge import init_policy_world
 from rlft.runtime.context import RankContext
 
 
-def build_roles(ctx: RankContext, objective, *, batch_size: int, rollouts: bool) -> None:
+def build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, rollouts: bool) -> None:
     """Create this rank's roles on `ctx`: the policy stage (optimising `objective`, `batch_size`
     sequences per step), the reference (when the objective reads its log-probs), the rollout role
     (when `rollouts`: GRPO's sampler) and the evaluator, which shares the sampler's engine when both
