@@ -1,16 +1,9 @@
 """The bridge group between ranks outside DeepSpeed's world: objects, gathers, named tensors."""
-import socket
-
 import torch
 import torch.multiprocessing as mp
 
+from rlft.common import free_port
 from rlft.runtime.bridge import Bridge
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, results):
@@ -26,7 +19,7 @@ def _worker(rank: int, world: int, port: int, results):
 
 
 def test_bridge_three_ranks():
-    world, port = 3, _port()
+    world, port = 3, free_port()
     with mp.Manager() as m:
         results = m.dict()
         mp.start_processes(_worker, args=(world, port, results), nprocs=world, start_method="spawn", join=True)
@@ -39,7 +32,7 @@ def test_bridge_three_ranks():
 
 
 def test_bridge_single_rank_is_local():
-    b = Bridge(0, 1, master_addr="127.0.0.1", master_port=_port(), timeout_s=10)
+    b = Bridge(0, 1, master_addr="127.0.0.1", master_port=free_port(), timeout_s=10)
     assert b.broadcast_object([1, 2], src=0) == [1, 2]
     assert b.gather_objects("x") == ["x"]
     b.barrier()

@@ -10,7 +10,6 @@ import copy
 import functools
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from deepspeed.pipe import TiedLayerSpec
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, GemmaConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
+from rlft.common import free_port
 from rlft.pipeline import (pipeline_batch_iter, policy_layer_specs, position_ids_from_mask, stage_layer_range,
                            valid_stage_counts)
 
@@ -229,12 +229,6 @@ BATCHES = {
     "train": train_batch(),
     "eval_after": padded_batch(5, rows=4, T=7, right=(0, 2, 0, 3)),  # new length after training
 }
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
