@@ -191,7 +191,7 @@ def save_checkpoint(ctx: RankContext, step: int, *, final: bool = False) -> None
         if roles.replica == 0:
             part["stage"] = roles.stage
             part["names"] = write_hf_shard(tmp / "hf", roles.stage, roles.num_stages, ctx.policy.export_state())
-    if ctx.data is not None:
+    if ctx.data is not None:  # the data position: the rollout role's or SFT's feeder's PromptSampler
         part["prompt_sampler"] = ctx.data.state_dict()
     save_rng(tmp / "rng" / f"rank_{roles.rank}.pt")
     parts = bridge.gather_objects(part, dst=0)
