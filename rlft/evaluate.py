@@ -57,13 +57,14 @@ def parse_data_arg(text: str) -> DataSpec:
         InputError: an empty split, or a source that is neither a known name, an existing path,
             nor a hub id.
     """
-    from rlft.data import GSM8K_HUB_ID, GSM_SYMBOLIC
+    from rlft.data import GSM8K_HUB_ID, GSM_SYMBOLIC, REASONING_GYM_PREFIX, parse_reasoning_gym_source
 
     text = text.strip()
     if not text:
         raise InputError("--data is empty")
     base, split = text, "test"
-    if not Path(text).expanduser().exists() and ":" in text:
+    generated = text.startswith(REASONING_GYM_PREFIX)
+    if not Path(text).expanduser().exists() and text.count(":") > int(generated):
         base, split = text.rsplit(":", 1)
         if not _SPLIT.fullmatch(split):
             raise InputError(f"--data {text!r}: bad split name {split!r} (expected e.g. 'test' or 'train')")
@@ -71,6 +72,12 @@ def parse_data_arg(text: str) -> DataSpec:
         return DataSpec(GSM8K_HUB_ID, split, f"gsm8k_{split}")
     if base == GSM_SYMBOLIC:
         return DataSpec(GSM_SYMBOLIC, split, f"gsm_symbolic_{split}")
+    if generated:
+        try:
+            task, _ = parse_reasoning_gym_source(base)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        return DataSpec(base, split, _slug(f"{task}_{split}"))
     path = Path(base).expanduser()
     if path.is_file():
         # "data/gsm8k/test.jsonl" -> "gsm8k_test": the file name alone is often just the split.
@@ -81,7 +88,7 @@ def parse_data_arg(text: str) -> DataSpec:
         return DataSpec(base, split, _slug(f"{base.split('/')[-1]}_{split}"))
     raise InputError(
         f"unknown data source {base!r}: not an existing file or directory; use {GSM8K_ALIAS}[:split], "
-        f"{GSM_SYMBOLIC}[:split], a hub id org/name[:split], or a local .jsonl/.parquet file or "
+        f"{GSM_SYMBOLIC}[:split], reasoning_gym:TASK[?options][:split], a hub id org/name[:split], or a local .jsonl/.parquet file or "
         "dataset directory"
     )
 
