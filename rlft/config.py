@@ -42,7 +42,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "gsm_symbolic"  # gsm_symbolic (offline generator) | openai/gsm8k | local .jsonl/.parquet/dir
+    source: str = "gsm_symbolic"  # gsm_symbolic | reasoning_gym:TASK[?k=v&...] (generated) | openai/gsm8k | local .jsonl/.parquet/dir
     train_split: str = "train"
     eval_split: str = "test"
     train_size: int | None = 2000  # None = the whole split (gsm_symbolic needs a size)
@@ -88,6 +88,16 @@ class GRPOConfig:
     aggregation: str = "sequence"  # sequence (the original) | token | constant (Dr. GRPO)
     old_logprobs: str = "policy"  # policy = the weights that sampled; reference = the original's frozen model
     epochs_per_rollout: int = 1
+    # Dynamic sampling: draw fresh prompts until the step holds `rollout_batch_size / group_size`
+    # groups whose rewards differ (at most max_sampling_rounds rounds; then zero-variance groups fill in).
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 4
+
+
+@dataclass
+class RewardConfig:
+    fn: str = "rlft.grader:r1_zero_reward_fn"  # the original R1-Zero reward: 1 = right format and answer
+    format_weight: float = 0.0  # shaping: + weight x format reward (0 = the original reward)
 
 
 @dataclass
@@ -150,6 +160,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
@@ -333,6 +344,13 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(g.old_logprobs in ("policy", "reference"),
              f"grpo.old_logprobs: must be policy or reference, got '{g.old_logprobs}'")
     _require(g.epochs_per_rollout >= 1, f"grpo.epochs_per_rollout: must be >= 1, got {g.epochs_per_rollout}")
+    _require(g.max_sampling_rounds >= 1, f"grpo.max_sampling_rounds: must be >= 1, got {g.max_sampling_rounds}")
+    if g.dynamic_sampling:
+        _require(g.group_size >= 2, f"grpo.dynamic_sampling: needs grpo.group_size >= 2 (a group of one "
+                                    f"never has differing rewards), got {g.group_size}")
+    _require(cfg.reward.format_weight >= 0, f"reward.format_weight: must be >= 0, got {cfg.reward.format_weight}")
+    _require(cfg.reward.fn == RewardConfig.fn,
+             f"reward.fn: only {RewardConfig.fn} is available, got '{cfg.reward.fn}'")
     if g.loss_type == "no_baseline" and g.group_size != 1:
         raise ConfigError(f"grpo.group_size: loss_type no_baseline uses no groups; set grpo.group_size=1 "
                           f"(got {g.group_size})")

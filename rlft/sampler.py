@@ -6,7 +6,7 @@ prompt i sit at rows [i * group_size, (i + 1) * group_size).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from rlft.config import SamplingConfig
 from rlft.data import Example
@@ -23,6 +23,18 @@ class Rollout:
     ground_truths: list[str]
     finish_reasons: list[str]
     prompts: list[str]  # per response
+
+    @classmethod
+    def empty(cls) -> "Rollout":
+        return cls([], [], [], [], [], [], [])
+
+    def extend(self, other: "Rollout") -> "Rollout":
+        """This rollout's rows followed by `other`'s."""
+        return Rollout(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def select(self, rows: list[int]) -> "Rollout":
+        """The given rows, in that order."""
+        return Rollout(*([getattr(self, f.name)[i] for i in rows] for f in fields(self)))
 
 
 def sampling_spec(cfg: SamplingConfig, *, n: int, seed: int | None, evaluation: bool = False) -> SamplingSpec:
@@ -48,7 +60,7 @@ class Sampler:
     def rollout(self, examples: list[Example], group_size: int, seed: int) -> Rollout:
         prompts, prompt_ids = self.tokenize_prompts(examples)
         groups = self.engine.generate(prompt_ids, sampling_spec(self.sampling, n=group_size, seed=seed))
-        out = Rollout([], [], [], [], [], [], [])
+        out = Rollout.empty()
         for ex, text, ids, group in zip(examples, prompts, prompt_ids, groups):
             if len(group) != group_size:
                 raise RuntimeError(f"rollout engine returned {len(group)} completions for a prompt, "

@@ -71,7 +71,6 @@ class Context:
 
 def grpo_step(ctx: Context, step: int) -> dict:
     """One GRPO step on every rank; returns this rank's metrics (the coordinator logs them all)."""
-    from rlft.grader import default_grader
     from rlft.grpo import compute_group_normalized_rewards
     from rlft.masking import build_rollout_batch
 
@@ -80,23 +79,11 @@ def grpo_step(ctx: Context, step: int) -> dict:
     metrics: dict = {}
     batch = None
 
-    # 1. Sample: a batch of prompts, group_size responses each (sampler rank).
+    # 1-2. Sample a batch of prompts, group_size responses each, grade them, and (with dynamic
+    # sampling) draw fresh prompts until the batch holds enough groups whose rewards differ.
     if roles.sampler:
-        with ctx.timed("sample"):
-            indices = ctx.prompt_sampler.next_batch()
-            ctx.engine.wake()
-            rollout = ctx.sampler.rollout([ctx.train_examples[i] for i in indices], cfg.grpo.group_size,
-                                          seed=cfg.seed * 1_000_003 + step)
-            if cfg.sampling.vllm.sleep_mode:
-                ctx.engine.sleep()  # give the GPU's memory to the policy until the next sync
-
-        # 2. Grade, then group-normalised advantages.
+        rollout, grades, examples, pool_stats = collect_rollouts(ctx, step, metrics)
         with ctx.timed("grade"):
-            grader = default_grader()
-            grades = grader.grade_batch(rollout.responses, rollout.ground_truths)
-            stats = grader.last_batch_stats
-            metrics.update({f"grader/{k}": float(getattr(stats, k))
-                            for k in ("symbolic", "timed_out", "rejected", "unfinished", "crashed")})
             rewards = torch.tensor([g["reward"] for g in grades], dtype=torch.float32)
             advantages, raw_rewards, reward_stats = compute_group_normalized_rewards(
                 rewards, cfg.grpo.group_size, cfg.grpo.advantage_eps, cfg.grpo.normalize_by_std)
@@ -108,10 +95,11 @@ def grpo_step(ctx: Context, step: int) -> dict:
             ps = ctx.prompt_sampler
             batch["epoch_ended"] = ps.position >= ps.batches_per_epoch * min(ps.batch_size, ps.num_examples)
         metrics.update(rollout_metrics(rollout, grades, batch, reward_stats))
-        metrics["prompt_indices"] = indices
+        metrics.update(pool_stats)
+        metrics["prompt_indices"] = [ex.index for ex in examples]
         if cfg.schedule.log_samples_every and step % cfg.schedule.log_samples_every == 0:
             metrics["samples"] = [
-                {"question": ctx.train_examples[indices[i // cfg.grpo.group_size]].question,
+                {"question": examples[i // cfg.grpo.group_size].question,
                  "response": rollout.responses[i], "ground_truth": rollout.ground_truths[i], **grades[i]}
                 for i in range(0, len(grades), max(1, len(grades) // cfg.schedule.num_logged_samples))
             ][:cfg.schedule.num_logged_samples]
@@ -156,6 +144,58 @@ def grpo_step(ctx: Context, step: int) -> dict:
 
 
 # ====================================================================== pieces of the step
+
+
+def collect_rollouts(ctx: Context, step: int, metrics: dict):
+    """The sampler's rollouts for one step, graded: (rollout, grades, example per group, counters).
+
+    Without dynamic sampling this is one round: the next batch of prompts, `group_size` responses
+    each.  With `grpo.dynamic_sampling`, rounds of fresh prompts follow until the step holds
+    `prompts per step` groups with differing rewards (at most `grpo.max_sampling_rounds` rounds);
+    the batch always has the configured size (see `rlft.dynamic_sampling`).
+    """
+    from rlft.dynamic_sampling import GroupPool, group_rows, informative_groups
+    from rlft.grader import default_grader
+    from rlft.sampler import Rollout
+
+    cfg, g = ctx.cfg, ctx.cfg.grpo
+    grader = default_grader()
+    pool = GroupPool(target_groups=ctx.prompt_sampler.batch_size)
+    rollout, grades, examples = Rollout.empty(), [], []
+    rounds = g.max_sampling_rounds if g.dynamic_sampling else 1
+    counters = dict.fromkeys(("symbolic", "timed_out", "rejected", "unfinished", "crashed"), 0.0)
+    for r in range(rounds):
+        with ctx.timed("sample"):
+            batch_examples = [ctx.train_examples[i] for i in ctx.prompt_sampler.next_batch()]
+            ctx.engine.wake()
+            part = ctx.sampler.rollout(batch_examples, g.group_size, seed=cfg.seed * 1_000_003 + step + 7919 * r)
+            if cfg.sampling.vllm.sleep_mode and (r + 1 == rounds or not g.dynamic_sampling):
+                ctx.engine.sleep()  # give the GPU's memory to the policy until the next sync
+        with ctx.timed("grade"):
+            part_grades = shape_rewards(grader.grade_batch(part.responses, part.ground_truths),
+                                        cfg.reward.format_weight)
+            for k in counters:
+                counters[k] += float(getattr(grader.last_batch_stats, k))
+        rollout, grades, examples = rollout.extend(part), grades + part_grades, examples + batch_examples
+        part_rewards = torch.tensor([x["reward"] for x in part_grades], dtype=torch.float32)
+        pool.add_round(informative_groups(part_rewards, g.group_size))
+        if pool.full:
+            break
+    if cfg.sampling.vllm.sleep_mode and g.dynamic_sampling and pool.rounds < rounds:
+        ctx.engine.sleep()
+    metrics.update({f"grader/{k}": v for k, v in counters.items()})
+    if not g.dynamic_sampling:
+        return rollout, grades, examples, {}
+    chosen = pool.selection()
+    rows = group_rows(chosen, g.group_size)
+    return (rollout.select(rows), [grades[i] for i in rows], [examples[i] for i in chosen], pool.stats())
+
+
+def shape_rewards(grades: list[dict], format_weight: float) -> list[dict]:
+    """Add `format_weight` x format reward to each reward (0 keeps the original reward exactly)."""
+    if not format_weight:
+        return grades
+    return [{**x, "reward": x["reward"] + format_weight * x["format_reward"]} for x in grades]
 
 
 def rollout_metrics(rollout, grades: list[dict], batch: dict, reward_stats: dict) -> dict:
