@@ -9,14 +9,28 @@ closes the answer with ``</answer>``, and the answer equals the ground truth:
 
 Answer equivalence is decided in two tiers:
 
-1. **Exact numbers, in this process.** GSM8K-style answers (``$1,000.00``, ``18 dollars``,
-   ``\\boxed{18}``, ``25%``) are normalised and compared as exact rationals (``Decimal`` ->
-   ``Fraction``; never floats, so 20-digit integers compare exactly). This decides almost every
-   GSM8K answer in microseconds.
-2. **Symbolic, in a worker process.** Otherwise (``\\frac{1}{2}`` against ``0.5``), the answer
-   goes to ``math_verify`` in a long-lived child process (:mod:`rlft._grader_worker`). sympy can
-   run for minutes on hostile input and ignores signals inside C loops, so each check gets a
-   deadline and a worker that passes it is killed and replaced.
+1. **Exact numbers, in this process.** When the ground truth is a number (every GSM8K answer),
+   the answer must be written as a number too, and is compared as an exact rational (``Decimal``
+   -> ``Fraction``; never floats, so 20-digit integers compare exactly). Number forms
+   (:func:`parse_number_form`): integers and decimals with thousands commas (``1,000``,
+   ``1{,}000``, ``1\\,000``), a sign, currency (``$18``, ``\\$18``), trailing unit words
+   (``18 dollars``, ``\\text{18 apples}``), a percent sign (``25%`` is right for 25 or 0.25),
+   ``\\boxed{}``, a short label (``x = 18``), and fractions of two integers (``1/2``,
+   ``\\frac{1}{2}``, ``\\dfrac12``). Anything else is wrong without further checks: an answer
+   left as arithmetic (``16+2``, ``2 \\times 9``, ``9^2``, ``\\sqrt{324}``) is not credited, and
+   neither is a fraction whose value is a whole number (``36/2``, ``\\frac{36}{2}``): that is
+   the last division left undone, and the original grader, too, credits an integer ground truth
+   only with an answer that reads as an integer. Mixed numbers (``2 1/2``) and scientific
+   notation are not number forms either.
+2. **Symbolic, in a worker process.** A ground truth that is not a number (``\\sqrt{2}``,
+   ``x+1``) is compared with ``math_verify`` in a long-lived child process
+   (:mod:`rlft._grader_worker`). sympy can run for minutes on hostile input and ignores signals
+   inside C loops, so each check gets a deadline and a worker that passes it is killed and
+   replaced. (``fast=False`` also sends two numbers that differ exactly, for math_verify's
+   6-decimal float comparison.)
+
+The same workers run custom reward functions (:meth:`Grader.call_batch`, used by
+:mod:`rlft.rewards`) under the same deadlines.
 
 Model text is never evaluated as code: the symbolic path uses only math_verify's LaTeX grammar
 (never ``sympy.parse_expr``/``sympify``, which call ``eval``), and text that looks like code,
@@ -127,19 +141,29 @@ _DROPPED = (
     "\\$", "$", "\\(", "\\)", "\\[", "\\]", "\\!", "\\,", "\\;", "\\:", "\\ ", "~",
     "€", "£", "¥", "₹",
 )
+_DIGITS = r"\d{1,3}(?:,\d{3})+|\d+"  # an integer, optionally grouped in thousands
 _NUMBER = re.compile(
     r"(?P<sign>[-+]?)\s*"
-    r"(?P<digits>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)\s*"
+    rf"(?P<digits>(?:{_DIGITS})(?:\.\d+)?|\.\d+)"
+    # A fraction of two integers: "1/2" (also what "\frac{1}{2}" is rewritten to).
+    rf"(?:\s*/\s*(?P<denominator>{_DIGITS}))?\s*"
     r"(?P<percent>%|percent\b|per\s?cent\b)?\s*"
     # Trailing unit words ("18 dollars", "5 km/h", "3 sq. ft"): letters only, no digits, so
     # "18 or 19" is not read as 18.
     r"(?P<unit>[a-z][a-z .'/-]{0,39})?",
     re.IGNORECASE,
 )
+# \frac{1}{2}, \dfrac{-3}{4}, \tfrac12 with integer parts, rewritten as "1/2" before matching.
+_LATEX_FRACTION = re.compile(
+    r"\\[dt]?frac\s*(?:\{\s*(?P<num>[-+]?\s*[\d,]+)\s*\}|(?P<num1>\d))"
+    r"\s*(?:\{\s*(?P<den>[\d,]+)\s*\}|(?P<den1>\d))"
+)
+# "x = 18", "= 18": a label of at most two letters before the number (as the original grader).
+_LABEL = re.compile(r"(?:[a-z]{1,2}\s*)?=\s*", re.IGNORECASE)
 
 
-def _parse_number(text: str) -> tuple[Decimal, bool] | None:
-    """(exact value, written as a percentage?) for a GSM8K-style number, else None."""
+def _number_match(text: str) -> re.Match | None:
+    """The number-form match for ``text`` after LaTeX and markdown clean-up, else None."""
     if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
         return None
     if "\\boxed" in text or "\\fbox" in text:
@@ -152,15 +176,55 @@ def _parse_number(text: str) -> tuple[Decimal, bool] | None:
     text = text.replace("\\%", "%").replace("{,}", ",").replace("\u2212", "-")
     for token in _DROPPED:
         text = text.replace(token, "")
+    # Spaced, so that a mixed number ("2\\frac{1}{2}") stays two numbers instead of "21/2".
+    text = _LATEX_FRACTION.sub(
+        lambda m: " " + f"{m['num'] or m['num1']}/{m['den'] or m['den1']}".replace(" ", "") + " ",
+        text)
     text = text.strip().strip("*").strip()  # markdown bold
     text = text.rstrip(". ").strip()  # "18." at the end of a sentence
-    match = _NUMBER.fullmatch(text)
-    if match is None:
+    label = _LABEL.match(text)
+    if label is not None:
+        text = text[label.end():]
+    return _NUMBER.fullmatch(text)
+
+
+def _parse_number(text: str) -> tuple[Decimal, bool] | None:
+    """(exact value, written as a percentage?) for a GSM8K-style decimal number, else None."""
+    match = _number_match(text)
+    if match is None or match["denominator"] is not None:
         return None
     try:
         value = Decimal(match["sign"] + match["digits"].replace(",", ""))
     except InvalidOperation:
         return None
+    return value, match["percent"] is not None
+
+
+def parse_number_form(text: str, whole_fractions: bool = False) -> tuple[Fraction, bool] | None:
+    """(exact value, written as a percentage?) when ``text`` is written as a number, else None.
+
+    Number forms: an integer or decimal (``18``, ``-3.5``, ``.5``, ``1,000``) with the clean-up of
+    :func:`normalize_number` (currency, ``\\boxed{}``, ``\\text{}``, unit words, percent), a label
+    (``x = 18``), or a fraction of two integers (``1/2``, ``\\frac{1}{2}``, ``-\\dfrac{3}{4}``,
+    ``\\tfrac12``). Expressions are not numbers: ``16+2``, ``2*9``, ``9^2``, ``\\sqrt{4}``,
+    ``18 + 0``, mixed numbers (``1 1/2``), scientific notation (``1.8e1``) and decimal fractions
+    (``1.5/3``) all give None, and so does a fraction whose value is a whole number (``36/2``)
+    unless ``whole_fractions`` (used for ground truths, which may be written that way).
+    """
+    match = _number_match(text)
+    if match is None:
+        return None
+    try:
+        value = Fraction(Decimal(match["sign"] + match["digits"].replace(",", "")))
+    except InvalidOperation:
+        return None
+    if match["denominator"] is not None:
+        denominator = int(match["denominator"].replace(",", ""))
+        if "." in match["digits"] or denominator == 0:
+            return None
+        value /= denominator
+        if value.denominator == 1 and not whole_fractions:
+            return None
     return value, match["percent"] is not None
 
 
@@ -170,7 +234,8 @@ def normalize_number(text: str) -> str | None:
     Strips ``$``, thousands commas, trailing zeros after the point, ``\\boxed{}``, ``\\text{}``,
     surrounding spaces/periods/bold markers and trailing unit words; a percent sign is dropped
     (``"25%"`` -> ``"25"``). Examples: ``"$1,000.00"`` -> ``"1000"``, ``"-3.50"`` -> ``"-3.5"``,
-    ``"\\boxed{18}"`` -> ``"18"``, ``"18 dollars"`` -> ``"18"``, ``"1/2"`` -> None.
+    ``"\\boxed{18}"`` -> ``"18"``, ``"18 dollars"`` -> ``"18"``, ``"1/2"`` -> None (a fraction has
+    no decimal string in general; :func:`parse_number_form` reads it).
     """
     parsed = _parse_number(text)
     if parsed is None:
@@ -181,16 +246,16 @@ def normalize_number(text: str) -> str | None:
     return format(value.normalize(), "f")
 
 
-def _number_values(text: str) -> set[Fraction] | None:
+def _number_values(text: str, whole_fractions: bool = False) -> set[Fraction] | None:
     """Exact values ``text`` may denote: ``{v}``, plus ``v/100`` when written as a percentage.
 
     Both readings of "25%" are accepted because GSM8K stores percentage answers as bare numbers
     ("25") while other sources store fractions ("0.25").
     """
-    parsed = _parse_number(text)
+    parsed = parse_number_form(text, whole_fractions)
     if parsed is None:
         return None
-    value = Fraction(parsed[0])
+    value = parsed[0]
     return {value, value / 100} if parsed[1] else {value}
 
 
@@ -217,17 +282,21 @@ def _number_text(value: int | float) -> str:
 
 
 def _decide_in_process(answer: str, golds: list[str], fast: bool) -> tuple[bool | None, list[str]]:
-    """Exact-number verdict: (True/False, []) when decided, (None, golds left for math_verify)."""
+    """Exact-number verdict: (True/False, []) when decided, (None, golds left for math_verify).
+
+    A gold that is a number is matched only by an answer written as a number: an expression
+    (``16+2``) never reaches math_verify, which would evaluate it.
+    """
     mine = _number_values(answer)
     undecided = []
     for gold in golds:
-        theirs = _number_values(gold)
+        theirs = _number_values(gold, whole_fractions=True)
         if theirs is None:
             undecided.append(gold)
         elif mine is not None and mine & theirs:
             return True, []
-        elif mine is None or not fast:
-            undecided.append(gold)
+        elif mine is not None and not fast:
+            undecided.append(gold)  # two numbers: math_verify may still round them equal
     if not undecided:
         return False, []
     return None, undecided
