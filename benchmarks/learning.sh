@@ -17,8 +17,8 @@
 #   sft         SFT on GSM8K train (SFT_STEPS steps)                     -> OUT/sft/model
 #   gsm8k       GRPO from OUT/sft/model on GSM8K (GSM8K_STEPS steps); greedy accuracy on all 1319 test
 #               questions at step 0 (= the SFT model) and after the last step -> OUT/grpo_gsm8k
-#   easy_pick   greedy accuracy of OUT/sft/model on the candidate easy tasks; the first whose accuracy
-#               lies in [0.10, 0.50] becomes the easy task             -> OUT/easy_task.txt
+#   easy_pick   greedy accuracy of OUT/sft/model on the candidate easy tasks (one engine start); the
+#               first whose accuracy lies in [0.10, 0.50] becomes the easy task -> OUT/easy_task.txt
 #   easy        GRPO from OUT/sft/model on the easy task (EASY_STEPS steps), held-out accuracy before/after
 #               on EASY_EVAL_N generated problems                        -> OUT/grpo_easy
 #   summary     learning.json + reward-curve PNGs                         -> OUT/
@@ -73,17 +73,22 @@ for phase in "$@"; do
         output.dir="$out/grpo_gsm8k" $EXTRA_ARGS ${GSM8K_ARGS:-} ;;
     easy_pick)
       if [ -s "$out/easy_task.txt" ]; then say "easy_pick: $(cat "$out/easy_task.txt")"; continue; fi
-      for task in $EASY_TASKS; do
-        label=$(echo "$task" | tr -c 'A-Za-z0-9_\n' '_')
-        "$PYTHON" -m rlft.evaluate --model "$out/sft/model" --data "$task:test" --num-examples 300 \
-          --backend "$BACKEND" --max-tokens 256 --batch-size 300 --no-progress --out "$out/easy_pick/$label"
-        acc=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["accuracy"])' "$out/easy_pick/$label/summary.json")
-        say "easy_pick: $task accuracy $acc"
-        if "$PYTHON" -c 'import sys; a = float(sys.argv[1]); sys.exit(0 if 0.10 <= a <= 0.50 else 1)' "$acc"; then
-          echo "$task" > "$out/easy_task.txt"; break
-        fi
-      done
-      [ -s "$out/easy_task.txt" ] || { say "easy_pick: no candidate in [0.10, 0.50]; using the first"; echo "${EASY_TASKS%% *}" > "$out/easy_task.txt"; } ;;
+      data_args=(); for task in $EASY_TASKS; do data_args+=(--data "$task:test"); done
+      "$PYTHON" -m rlft.evaluate --model "$out/sft/model" "${data_args[@]}" --num-examples 300 \
+        --backend "$BACKEND" --max-tokens 256 --batch-size 300 --no-progress --out "$out/easy_pick"
+      "$PYTHON" - "$out" $EASY_TASKS <<'PY' | tee -a "$out/phases.log"
+import json, pathlib, sys
+out, tasks = pathlib.Path(sys.argv[1]), sys.argv[2:]
+summaries = {json.loads(p.read_text())["data"].rsplit(":", 1)[0]: json.loads(p.read_text())
+             for p in sorted(out.glob("easy_pick/**/summary.json"))}
+accs = {t: summaries[t]["accuracy"] for t in tasks if t in summaries}
+for t, a in accs.items():
+    print(f"easy_pick: {t} accuracy {a:.3f}")
+pick = next((t for t in tasks if 0.10 <= accs.get(t, -1) <= 0.50), tasks[0])
+(out / "easy_task.txt").write_text(pick + "\n")
+print(f"easy_pick: chose {pick}")
+PY
+      ;;
     easy)
       if [ -f "$out/grpo_easy/model/config.json" ]; then say "easy: finished"; continue; fi
       task=$(cat "$out/easy_task.txt")

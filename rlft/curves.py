@@ -60,7 +60,7 @@ def summarize(steps: list[dict], evals: list[tuple[int, dict]], *, edge: int | N
     """Reward of the first vs the last `edge` steps (a third of the run, 1 to 5 steps), and held-out
     accuracy of the first vs the last evaluation."""
     rewards = [float(s["reward/mean"]) for s in steps if isinstance(s.get("reward/mean"), (int, float))]
-    out: dict = {"steps": len(steps)}
+    out: dict = {"steps": len(rewards)}  # training steps (a step-0 record holds only an evaluation)
     if rewards:
         k = edge or max(1, min(5, len(rewards) // 3))
         out.update(edge_steps=k, reward_first=sum(rewards[:k]) / k, reward_last=sum(rewards[-k:]) / k)
