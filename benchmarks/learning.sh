@@ -15,11 +15,12 @@
 # Phases (each skips what OUT already holds, so a phase cut short by a time limit is resumed by
 # running it again: checkpoints are written every SAVE_EVERY steps and resume=auto picks them up):
 #   sft         SFT on GSM8K train (SFT_STEPS steps)                     -> OUT/sft/model
-#   gsm8k       GRPO from OUT/sft/model on GSM8K (GSM8K_STEPS steps); greedy accuracy on all 1319 test
+#   gsm8k       GRPO from OUT/sft/model on GSM8K (GSM8K_STEPS steps or GSM8K_MINUTES of training, whichever
+#               ends first); greedy accuracy on all 1319 test
 #               questions at step 0 (= the SFT model) and after the last step -> OUT/grpo_gsm8k
 #   easy_pick   greedy accuracy of OUT/sft/model on the candidate easy tasks (one engine start); the
 #               first whose accuracy lies in [0.10, 0.50] becomes the easy task -> OUT/easy_task.txt
-#   easy        GRPO from OUT/sft/model on the easy task (EASY_STEPS steps), held-out accuracy before/after
+#   easy        GRPO from OUT/sft/model on the easy task (EASY_STEPS steps or EASY_MINUTES), held-out accuracy before/after
 #               on EASY_EVAL_N generated problems                        -> OUT/grpo_easy
 #   summary     learning.json + reward-curve PNGs                         -> OUT/
 set -euo pipefail
@@ -30,8 +31,10 @@ PYTHON="${PYTHON:-python3}"
 MODEL="${MODEL:-smollm2-135m-instruct}"
 GSM8K="${GSM8K:-}"
 SFT_STEPS="${SFT_STEPS:-200}"
-GSM8K_STEPS="${GSM8K_STEPS:-60}"
-EASY_STEPS="${EASY_STEPS:-30}"
+GSM8K_STEPS="${GSM8K_STEPS:-200}"
+GSM8K_MINUTES="${GSM8K_MINUTES:-6}"
+EASY_STEPS="${EASY_STEPS:-100}"
+EASY_MINUTES="${EASY_MINUTES:-3}"
 EASY_EVAL_N="${EASY_EVAL_N:-500}"
 SAVE_EVERY="${SAVE_EVERY:-10}"
 SFT_CONFIG="${SFT_CONFIG:-launch/configs/sft_1gpu.yaml}"
@@ -67,8 +70,8 @@ for phase in "$@"; do
       ds --module rlft.train --config "$GRPO_CONFIG" output.init_checkpoint="$out/sft/model" \
         data.source="$GSM8K" data.train_size=null data.eval_size=null sampling.backend=$BACKEND \
         sampling.max_tokens=320 sampling.eval_max_tokens=512 optim.rollout_batch_size=256 \
-        optim.train_micro_batch_size=32 grpo.group_size=8 grpo.dynamic_sampling=true \
-        grpo.max_sampling_rounds=4 optim.lr=2e-5 schedule.steps="$GSM8K_STEPS" schedule.evaluate_at_start=true \
+        optim.train_micro_batch_size=32 grpo.group_size=16 grpo.dynamic_sampling=true \
+        grpo.max_sampling_rounds=3 sampling.temperature=0.8 optim.lr=2e-5 schedule.steps="$GSM8K_STEPS" schedule.time_limit_minutes="$GSM8K_MINUTES" schedule.evaluate_at_start=true \
         schedule.evaluate_freq=20 schedule.save_every="$SAVE_EVERY" schedule.log_samples_every=10 \
         output.dir="$out/grpo_gsm8k" $EXTRA_ARGS ${GSM8K_ARGS:-} ;;
     easy_pick)
@@ -96,7 +99,7 @@ PY
         data.source="$task" data.train_size=5000 data.eval_size="$EASY_EVAL_N" sampling.backend=$BACKEND \
         sampling.max_tokens=256 optim.rollout_batch_size=256 optim.train_micro_batch_size=32 \
         grpo.group_size=8 grpo.dynamic_sampling=true grpo.max_sampling_rounds=3 optim.lr=2e-5 \
-        schedule.steps="$EASY_STEPS" schedule.evaluate_at_start=true schedule.evaluate_freq=10 \
+        schedule.steps="$EASY_STEPS" schedule.time_limit_minutes="$EASY_MINUTES" schedule.evaluate_at_start=true schedule.evaluate_freq=10 \
         schedule.save_every="$SAVE_EVERY" schedule.log_samples_every=10 output.dir="$out/grpo_easy" $EXTRA_ARGS ${EASY_ARGS:-} ;;
     summary)
       "$PYTHON" benchmarks/learning_summary.py "$out" ;;

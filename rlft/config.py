@@ -98,6 +98,7 @@ class GRPOConfig:
 class RewardConfig:
     fn: str = "rlft.grader:r1_zero_reward_fn"  # the original R1-Zero reward: 1 = right format and answer
     format_weight: float = 0.0  # shaping: + weight x format reward (0 = the original reward)
+    timeout_s: float = 1.0  # per response: a check that takes longer scores 0 and is counted
 
 
 @dataclass
@@ -120,6 +121,9 @@ class ScheduleConfig:
     evaluate_at_start: bool = False
     save_every: int = 50  # 0 = only at epoch ends and at the end
     sync_every: int = 1  # push policy weights to the sampler every N steps
+    # Training time budget of one launch (null = none): the step that would end past it becomes the last
+    # one (saved, exported, evaluated); launching again continues the run from there.
+    time_limit_minutes: float | None = None
     log_samples_every: int = 10
     num_logged_samples: int = 4
 
@@ -319,6 +323,20 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _check_reward(r: RewardConfig) -> None:
+    from rlft.rewards import validate_format_weight, validate_reward_fn
+
+    try:
+        validate_reward_fn(r.fn)
+    except ValueError as e:
+        raise ConfigError(f"reward.fn: {e}") from None
+    try:
+        validate_format_weight(r.format_weight)
+    except ValueError as e:
+        raise ConfigError(f"reward.format_weight: {e}") from None
+    _require(0 < r.timeout_s < float("inf"), f"reward.timeout_s: must be a finite number > 0, got {r.timeout_s}")
+
+
 def validate(cfg: RunConfig) -> RunConfig:
     """Range and consistency checks that types alone cannot express."""
     g, s, o, sch, t, m = cfg.grpo, cfg.sampling, cfg.optim, cfg.schedule, cfg.topology, cfg.model
@@ -348,9 +366,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     if g.dynamic_sampling:
         _require(g.group_size >= 2, f"grpo.dynamic_sampling: needs grpo.group_size >= 2 (a group of one "
                                     f"never has differing rewards), got {g.group_size}")
-    _require(cfg.reward.format_weight >= 0, f"reward.format_weight: must be >= 0, got {cfg.reward.format_weight}")
-    _require(cfg.reward.fn == RewardConfig.fn,
-             f"reward.fn: only {RewardConfig.fn} is available, got '{cfg.reward.fn}'")
+    _check_reward(cfg.reward)
+    _require(sch.time_limit_minutes is None or 0 < sch.time_limit_minutes < float("inf"),
+             f"schedule.time_limit_minutes: must be a number > 0 or null, got {sch.time_limit_minutes}")
     if g.loss_type == "no_baseline" and g.group_size != 1:
         raise ConfigError(f"grpo.group_size: loss_type no_baseline uses no groups; set grpo.group_size=1 "
                           f"(got {g.group_size})")

@@ -31,6 +31,8 @@ from rlft.topology import RankRoles, policy_rank_of, roles_for_rank
 from rlft.tracking import Tracker, format_samples, log, setup_logging
 
 SYNC_TAG = 100
+# Grader counters logged per step as grader/<name>.
+GRADER_COUNTERS = ("symbolic", "custom", "errors", "timed_out", "rejected", "unfinished", "crashed")
 
 
 # ====================================================================== per-rank state
@@ -52,6 +54,7 @@ class Context:
     train_examples: list = field(default_factory=list)
     eval_examples: list = field(default_factory=list)
     prompt_sampler: object = None
+    reward_fn: object = None  # rlft.rewards.BatchReward on the sampler rank
     tracker: Tracker | None = None
     seconds: dict = field(default_factory=dict)
 
@@ -69,8 +72,9 @@ class Context:
 # ====================================================================== the step
 
 
-def grpo_step(ctx: Context, step: int) -> dict:
-    """One GRPO step on every rank; returns this rank's metrics (the coordinator logs them all)."""
+def grpo_step(ctx: Context, step: int, last: bool = False) -> dict:
+    """One GRPO step on every rank; returns this rank's metrics (the coordinator logs them all).
+    `last`: the run ends after this step (the held-out evaluation always runs then)."""
     from rlft.grpo import compute_group_normalized_rewards
     from rlft.masking import build_rollout_batch
 
@@ -134,7 +138,7 @@ def grpo_step(ctx: Context, step: int) -> dict:
             metrics.update(sync_weights(ctx))
 
     # 6. Evaluation on the held-out split (and always after the last step).
-    if (cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0) or step == cfg.schedule.steps:
+    if (cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0) or last:
         metrics.update(run_evaluation(ctx, step))
 
     metrics["seconds"] = dict(ctx.seconds)
@@ -155,15 +159,13 @@ def collect_rollouts(ctx: Context, step: int, metrics: dict):
     the batch always has the configured size (see `rlft.dynamic_sampling`).
     """
     from rlft.dynamic_sampling import GroupPool, group_rows, informative_groups
-    from rlft.grader import default_grader
     from rlft.sampler import Rollout
 
     cfg, g = ctx.cfg, ctx.cfg.grpo
-    grader = default_grader()
     pool = GroupPool(target_groups=ctx.prompt_sampler.batch_size)
     rollout, grades, examples = Rollout.empty(), [], []
     rounds = g.max_sampling_rounds if g.dynamic_sampling else 1
-    counters = dict.fromkeys(("symbolic", "timed_out", "rejected", "unfinished", "crashed"), 0.0)
+    counters = dict.fromkeys(GRADER_COUNTERS, 0.0)
     for r in range(rounds):
         with ctx.timed("sample"):
             batch_examples = [ctx.train_examples[i] for i in ctx.prompt_sampler.next_batch()]
@@ -172,10 +174,9 @@ def collect_rollouts(ctx: Context, step: int, metrics: dict):
             if cfg.sampling.vllm.sleep_mode and (r + 1 == rounds or not g.dynamic_sampling):
                 ctx.engine.sleep()  # give the GPU's memory to the policy until the next sync
         with ctx.timed("grade"):
-            part_grades = shape_rewards(grader.grade_batch(part.responses, part.ground_truths),
-                                        cfg.reward.format_weight)
+            part_grades = ctx.reward_fn(part.responses, part.ground_truths)
             for k in counters:
-                counters[k] += float(getattr(grader.last_batch_stats, k))
+                counters[k] += float(getattr(ctx.reward_fn.last_batch_stats, k))
         rollout, grades, examples = rollout.extend(part), grades + part_grades, examples + batch_examples
         part_rewards = torch.tensor([x["reward"] for x in part_grades], dtype=torch.float32)
         pool.add_round(informative_groups(part_rewards, g.group_size))
@@ -189,13 +190,6 @@ def collect_rollouts(ctx: Context, step: int, metrics: dict):
     chosen = pool.selection()
     rows = group_rows(chosen, g.group_size)
     return (rollout.select(rows), [grades[i] for i in rows], [examples[i] for i in chosen], pool.stats())
-
-
-def shape_rewards(grades: list[dict], format_weight: float) -> list[dict]:
-    """Add `format_weight` x format reward to each reward (0 keeps the original reward exactly)."""
-    if not format_weight:
-        return grades
-    return [{**x, "reward": x["reward"] + format_weight * x["format_reward"]} for x in grades]
 
 
 def rollout_metrics(rollout, grades: list[dict], batch: dict, reward_stats: dict) -> dict:
@@ -399,8 +393,10 @@ def build_roles(ctx: Context) -> None:
             from rlft.sampler import Sampler
 
             from rlft.grader import default_grader
+            from rlft.rewards import make_reward_fn
 
             default_grader().start()  # warm the grading workers now, not in the first step
+            ctx.reward_fn = make_reward_fn(cfg.reward.fn, cfg.reward.format_weight, timeout_s=cfg.reward.timeout_s)
             ctx.engine = new_engine()
             ctx.sampler = Sampler(ctx.engine, ctx.tokenizer, cfg.sampling, cfg.data.prompt_template)
             loaded = load_examples(cfg.data.source, cfg.data.train_split, size=cfg.data.train_size, seed=cfg.seed)
@@ -476,10 +472,16 @@ def train(ctx: Context) -> None:
         report(ctx, 0, bridge.gather_objects(run_evaluation(ctx, 0), dst=0))
     bar = tqdm(total=cfg.schedule.steps, initial=start, desc="grpo", unit="step", dynamic_ncols=True,
                disable=roles.rank != 0 or not sys.stderr.isatty() and os.environ.get("RLFT_PROGRESS") != "1")
+    clock = StepClock(cfg.schedule.time_limit_minutes)
     for step in range(start + 1, cfg.schedule.steps + 1):
+        # The last step: the configured one, or the one that would end past the time limit (rank 0
+        # decides, so every rank agrees); it is saved, exported and evaluated like the final step.
+        out_of_time = bridge.broadcast_object(roles.rank == 0 and clock.next_step_overruns(), src=0)
+        last = step == cfg.schedule.steps or bool(out_of_time)
         t0 = time.perf_counter()
-        metrics = grpo_step(ctx, step)
+        metrics = grpo_step(ctx, step, last=last)
         metrics["seconds"]["step"] = time.perf_counter() - t0
+        clock.add(metrics["seconds"]["step"])
         gathered = bridge.gather_objects(metrics, dst=0)
         epoch_ended = any(m.get("epoch_ended") for m in gathered) if gathered else False
         epoch_ended = bool(bridge.broadcast_object(epoch_ended, src=0))
@@ -487,12 +489,31 @@ def train(ctx: Context) -> None:
             summary = report(ctx, step, gathered)
             bar.update(1)
             bar.set_postfix_str(summary)
-        last = step == cfg.schedule.steps
         if last or epoch_ended or (cfg.schedule.save_every and step % cfg.schedule.save_every == 0):
             save_checkpoint(ctx, step, final=last)
+        if last:
+            if step < cfg.schedule.steps and roles.rank == 0:
+                log.info("schedule.time_limit_minutes (%g) reached after step %d of %d: saved and exported; "
+                         "launch again to continue from here", cfg.schedule.time_limit_minutes, step,
+                         cfg.schedule.steps)
+            break
     bar.close()
     if ctx.tracker:
         ctx.tracker.close()
+
+
+class StepClock:
+    """Wall-clock budget of one launch: does the next step (as long as the slowest so far) end past it?"""
+
+    def __init__(self, limit_minutes: float | None):
+        self.deadline = time.monotonic() + 60 * limit_minutes if limit_minutes else None
+        self.longest = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.longest = max(self.longest, seconds)
+
+    def next_step_overruns(self) -> bool:
+        return self.deadline is not None and time.monotonic() + self.longest > self.deadline
 
 
 def report(ctx: Context, step: int, gathered: list[dict] | None) -> str:
