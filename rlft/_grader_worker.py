@@ -1,4 +1,5 @@
-"""Isolated symbolic-equivalence checker, run as a child process of :class:`rlft.grader.Grader`.
+"""Isolated symbolic-equivalence checker and reward-function runner, run as a child process of
+:class:`rlft.grader.Grader`.
 
 The parent process grades everything it can with exact number normalisation; only answers
 that need symbolic reasoning (``\\frac{1}{2}`` against ``0.5``, ``\\sqrt{4}`` against ``2``) are
@@ -16,18 +17,35 @@ Safety rules kept by this module:
 * The process caps its own address space and CPU time, so a runaway computation dies even if
   the parent has gone.
 
+The same process runs custom reward functions (:mod:`rlft.rewards`) so that they, too, can be
+cut off at a deadline: a function is imported once per worker (a ``load`` request, given the
+start-up time bound rather than a check's), then called per item.
+
 Protocol (one JSON object per line, ASCII only):
 
 * worker -> parent, once after start-up: ``{"ready": true}``
 * parent -> worker: ``{"id": 7, "answer": "\\\\frac{1}{2}", "golds": ["0.5"]}``
 * worker -> parent: ``{"id": 7, "equal": true}``
+* parent -> worker: ``{"id": 8, "load": "pkg.mod:fn", "path": ["/dir"], "cpu_seconds": 60}``
+  (``path``: directories appended to ``sys.path`` first)
+* worker -> parent: ``{"id": 8, "loaded": true}`` or ``{"id": 8, "error": "ValueError: ..."}``
+* parent -> worker: ``{"id": 9, "call": "pkg.mod:fn", "response": "...", "ground_truth": "18",
+  "cpu_seconds": 11}``
+* worker -> parent: ``{"id": 9, "value": {"reward": 1.0}}`` (the keys the function gave:
+  ``reward`` always, ``format_reward``/``answer_reward`` when returned), or
+  ``{"id": 9, "error": "ZeroDivisionError: ..."}`` when it raised, or
+  ``{"id": 9, "bad": "returned 'yes' (str)"}`` when it returned something that is not a reward.
 
 The worker exits when its standard input closes.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
+import math
+import numbers
 import os
 import re
 import sys
@@ -113,6 +131,138 @@ def check_equivalent(answer: str, golds: list[str]) -> bool:
     return False
 
 
+# --------------------------------------------------------------------------- reward functions
+
+_DOTTED_NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+_SPEC = re.compile(rf"{_DOTTED_NAME}:{_DOTTED_NAME}")  # "package.module:function"
+REWARD_KEYS = ("reward", "format_reward", "answer_reward")
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def import_function(spec: str):
+    """The callable named by ``"package.module:function"``; ValueError with a one-line reason.
+
+    ``function`` may be dotted (``module:Class.method``). The function must accept
+    ``(response, ground_truth)``.
+    """
+    if not isinstance(spec, str) or _SPEC.fullmatch(spec.strip()) is None:
+        raise ValueError(f"reward function must be given as 'package.module:function', got {spec!r}")
+    module_name, _, name = spec.strip().partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"reward function {spec!r}: cannot import module {module_name!r} "
+            f"({type(exc).__name__}: {_one_line(exc)})"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - the module's own code failed while importing
+        raise ValueError(
+            f"reward function {spec!r}: importing module {module_name!r} failed "
+            f"({type(exc).__name__}: {_one_line(exc)})"
+        ) from None
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"reward function {spec!r}: module {module_name!r} has no attribute {name!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"reward function {spec!r} is not callable (it is a {type(obj).__name__})")
+    try:
+        inspect.signature(obj).bind("response", "ground truth")
+    except TypeError:
+        raise ValueError(
+            f"reward function {spec!r} must accept (response, ground_truth); its signature is "
+            f"{inspect.signature(obj)}"
+        ) from None
+    except ValueError:
+        pass  # no signature to inspect (some builtins): the first call will tell
+    return obj
+
+
+def reward_value(value) -> dict[str, float]:
+    """A reward function's return value as ``{"reward", ...}`` floats; TypeError naming it if it is
+    not a finite number or a dict with a finite number under ``"reward"`` (and, if present, under
+    ``"format_reward"``/``"answer_reward"``)."""
+
+    def number(v, what: str) -> float:
+        if isinstance(v, numbers.Real):  # True counts as 1, numpy floats too
+            try:
+                as_float = float(v)
+            except (OverflowError, ValueError):  # an int too large for a float
+                as_float = math.inf
+            if math.isfinite(as_float):
+                return as_float
+        raise TypeError(f"{what} {_one_line(repr(v), 80)} ({type(v).__name__}), not a finite number")
+
+    if isinstance(value, dict):
+        if "reward" not in value:
+            raise TypeError(f"returned a dict without a 'reward' key: {_one_line(repr(value), 120)}")
+        return {k: number(value[k], f"returned {k} =") for k in REWARD_KEYS if k in value}
+    if isinstance(value, numbers.Real):
+        return {"reward": number(value, "returned")}
+    raise TypeError(
+        f"returned {_one_line(repr(value), 80)} ({type(value).__name__}); a reward function must "
+        f"return a number or a dict with a 'reward' number"
+    )
+
+
+_loaded_functions: dict[str, object] = {}
+
+
+def _load(request: dict) -> dict:
+    spec = str(request["load"])
+    for entry in request.get("path") or ():
+        if isinstance(entry, str) and entry not in sys.path:
+            sys.path.append(entry)
+    try:
+        import resource
+
+        # The function's imports (torch, a tokenizer) may map far more than the check cap allows.
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+    except (ImportError, OSError, ValueError):
+        pass
+    try:
+        _loaded_functions[spec] = import_function(spec)
+    except ValueError as exc:
+        return {"error": str(exc)}
+    finally:
+        _limit_resources()
+    return {"loaded": True}
+
+
+def _call(request: dict) -> dict:
+    fn = _loaded_functions.get(str(request["call"]))
+    if fn is None:
+        return {"error": f"RuntimeError: {request['call']!r} was not loaded in this worker"}
+    try:
+        value = fn(request["response"], request["ground_truth"])
+    except Exception as exc:  # noqa: BLE001 - the function's failure scores this item 0
+        return {"error": f"{type(exc).__name__}: {_one_line(exc)}"}
+    try:
+        return {"value": reward_value(value)}
+    except TypeError as exc:
+        return {"bad": str(exc)}
+
+
+def _handle(request: dict) -> dict:
+    if "load" in request:
+        return _load(request)
+    if "call" in request:
+        return _call(request)
+    try:
+        equal = check_equivalent(str(request["answer"]), [str(g) for g in request["golds"]])
+    except Exception:  # noqa: BLE001 - any failure (incl. RecursionError, MemoryError) means "not shown equal"
+        equal = False
+    return {"equal": bool(equal)}
+
+
+# --------------------------------------------------------------------------- process set-up
+
+
 def _limit_resources() -> None:
     """Cap address space (memory bombs fail with MemoryError) and arm the CPU-time backstop."""
     try:
@@ -128,15 +278,15 @@ def _limit_resources() -> None:
         pass  # not Linux: the parent's deadline still bounds every check
 
 
-def _arm_cpu_backstop() -> None:
-    """Let the next check use at most CPU_SECONDS_PER_CHECK more CPU seconds (then SIGXCPU)."""
+def _arm_cpu_backstop(seconds: int = CPU_SECONDS_PER_CHECK) -> None:
+    """Let the next request use at most ``seconds`` more CPU seconds (then SIGXCPU)."""
     try:
         import resource
 
         used = resource.getrusage(resource.RUSAGE_SELF)
         spent = int(used.ru_utime + used.ru_stime) + 1
         _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-        soft = spent + CPU_SECONDS_PER_CHECK
+        soft = spent + seconds
         if hard != resource.RLIM_INFINITY:
             soft = min(soft, hard)
         resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
@@ -181,12 +331,9 @@ def main() -> None:
         if not line.strip():
             continue
         request = json.loads(line)
-        _arm_cpu_backstop()
-        try:
-            equal = check_equivalent(str(request["answer"]), [str(g) for g in request["golds"]])
-        except Exception:  # noqa: BLE001 - any failure (incl. RecursionError, MemoryError) means "not shown equal"
-            equal = False
-        protocol.write(json.dumps({"id": request["id"], "equal": bool(equal)}) + "\n")
+        _arm_cpu_backstop(max(CPU_SECONDS_PER_CHECK, int(request.get("cpu_seconds") or 0)))
+        reply = _handle(request)
+        protocol.write(json.dumps({"id": request["id"], **reply}) + "\n")
 
 
 if __name__ == "__main__":

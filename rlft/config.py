@@ -42,7 +42,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "gsm_symbolic"  # gsm_symbolic (offline generator) | openai/gsm8k | local .jsonl/.parquet/dir
+    source: str = "gsm_symbolic"  # gsm_symbolic | reasoning_gym:TASK[?k=v&...] (generated) | openai/gsm8k | local .jsonl/.parquet/dir
     train_split: str = "train"
     eval_split: str = "test"
     train_size: int | None = 2000  # None = the whole split (gsm_symbolic needs a size)
@@ -88,6 +88,17 @@ class GRPOConfig:
     aggregation: str = "sequence"  # sequence (the original) | token | constant (Dr. GRPO)
     old_logprobs: str = "policy"  # policy = the weights that sampled; reference = the original's frozen model
     epochs_per_rollout: int = 1
+    # Dynamic sampling: draw fresh prompts until the step holds `rollout_batch_size / group_size`
+    # groups whose rewards differ (at most max_sampling_rounds rounds; then zero-variance groups fill in).
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 4
+
+
+@dataclass
+class RewardConfig:
+    fn: str = "rlft.grader:r1_zero_reward_fn"  # the original R1-Zero reward: 1 = right format and answer
+    format_weight: float = 0.0  # shaping: + weight x format reward (0 = the original reward)
+    timeout_s: float = 1.0  # per response: a check that takes longer scores 0 and is counted
 
     @property
     def needs_reference(self) -> bool:
@@ -121,6 +132,9 @@ class ScheduleConfig:
     evaluate_at_start: bool = False
     save_every: int = 50  # 0 = only at epoch ends and at the end
     sync_every: int = 1  # push policy weights to the sampler every N steps
+    # Training time budget of one launch (null = none): the step that would end past it becomes the last
+    # one (saved, exported, evaluated); launching again continues the run from there.
+    time_limit_minutes: float | None = None
     log_samples_every: int = 10
     num_logged_samples: int = 4
 
@@ -165,6 +179,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
@@ -321,6 +336,20 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _check_reward(r: RewardConfig) -> None:
+    from rlft.rewards import validate_format_weight, validate_reward_fn
+
+    try:
+        validate_reward_fn(r.fn)
+    except ValueError as e:
+        raise ConfigError(f"reward.fn: {e}") from None
+    try:
+        validate_format_weight(r.format_weight)
+    except ValueError as e:
+        raise ConfigError(f"reward.format_weight: {e}") from None
+    _require(0 < r.timeout_s < float("inf"), f"reward.timeout_s: must be a finite number > 0, got {r.timeout_s}")
+
+
 def validate(cfg: RunConfig) -> RunConfig:
     """Range and consistency checks that types alone cannot express."""
     g, s, o, sch, t, m = cfg.grpo, cfg.sampling, cfg.optim, cfg.schedule, cfg.topology, cfg.model
@@ -346,6 +375,13 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(g.old_logprobs in ("policy", "reference"),
              f"grpo.old_logprobs: must be policy or reference, got '{g.old_logprobs}'")
     _require(g.epochs_per_rollout >= 1, f"grpo.epochs_per_rollout: must be >= 1, got {g.epochs_per_rollout}")
+    _require(g.max_sampling_rounds >= 1, f"grpo.max_sampling_rounds: must be >= 1, got {g.max_sampling_rounds}")
+    if g.dynamic_sampling:
+        _require(g.group_size >= 2, f"grpo.dynamic_sampling: needs grpo.group_size >= 2 (a group of one "
+                                    f"never has differing rewards), got {g.group_size}")
+    _check_reward(cfg.reward)
+    _require(sch.time_limit_minutes is None or 0 < sch.time_limit_minutes < float("inf"),
+             f"schedule.time_limit_minutes: must be a number > 0 or null, got {sch.time_limit_minutes}")
     if g.loss_type == "no_baseline" and g.group_size != 1:
         raise ConfigError(f"grpo.group_size: loss_type no_baseline uses no groups; set grpo.group_size=1 "
                           f"(got {g.group_size})")

@@ -8,6 +8,10 @@ Sources:
   Rows have ``question`` and ``answer``; the ground truth is the number after the last ``####``.
 * ``gsm_symbolic`` — ``reasoning_gym``'s generator of GSM8K-derived problems: offline and
   deterministic for a seed, the default when no data is at hand.
+* ``reasoning_gym:TASK`` or ``reasoning_gym:TASK?key=value&key=value`` — any other ``reasoning_gym``
+  task with a numeric answer, with the generator's options (e.g.
+  ``reasoning_gym:chain_sum?min_terms=2&max_terms=2&min_digits=1&max_digits=2``, the CPU demo's easy
+  task). Offline and deterministic for a seed, like ``gsm_symbolic``.
 
 Broken rows never stop a run: they are skipped, counted by reason in ``LoadResult.skipped``, and
 summarised in one warning.
@@ -32,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 GSM8K_HUB_ID = "openai/gsm8k"
 GSM_SYMBOLIC = "gsm_symbolic"
+REASONING_GYM_PREFIX = "reasoning_gym:"
 
 # Problems generated for the "test" split use seed + this offset, so that train and test differ
 # while both stay reproducible from the one configured seed.
@@ -236,18 +241,51 @@ def load_gsm8k(source: str, split: str) -> LoadResult:
     return result
 
 
-def load_gsm_symbolic(size: int, seed: int) -> LoadResult:
-    """Generate ``size`` problems with ``reasoning_gym``'s ``gsm_symbolic`` task.
+def parse_reasoning_gym_source(source: str) -> tuple[str, dict[str, Any]] | None:
+    """``"gsm_symbolic"`` -> ``("gsm_symbolic", {})``; ``"reasoning_gym:chain_sum?max_terms=2"`` ->
+    ``("chain_sum", {"max_terms": 2})`` (values read as YAML scalars); None for any other source.
+
+    Raises:
+        ValueError: a ``reasoning_gym:`` source without a task name or with a malformed option.
+    """
+    if source == GSM_SYMBOLIC:
+        return GSM_SYMBOLIC, {}
+    if not source.startswith(REASONING_GYM_PREFIX):
+        return None
+    import yaml
+
+    task, _, query = source[len(REASONING_GYM_PREFIX):].partition("?")
+    if not re.fullmatch(r"[a-z0-9_]+", task):
+        raise ValueError(f"data source {source!r}: expected reasoning_gym:TASK[?key=value&...]")
+    options: dict[str, Any] = {}
+    for item in filter(None, query.split("&")):
+        key, eq, value = item.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"data source {source!r}: option {item!r} is not key=value")
+        options[key] = yaml.safe_load(value)
+    return task, options
+
+
+def load_reasoning_gym(task: str, size: int, seed: int, options: dict[str, Any] | None = None) -> LoadResult:
+    """Generate ``size`` problems of a ``reasoning_gym`` task (``gsm_symbolic`` by default).
 
     Deterministic for a seed. ``solution`` is the generator's worked solution (GSM8K style, ending
-    in ``#### <answer>``) when it agrees with the answer, else None. A problem whose answer is not a plain number is skipped and counted, so fewer than ``size``
+    in ``#### <answer>``) when it has one that agrees with the answer; tasks without one get the
+    short solution ``"The answer is N.\n#### N"``, enough for SFT to teach the output contract. A
+    problem whose answer is not a plain number is skipped and counted, so fewer than ``size``
     examples may come back.
+
+    Raises:
+        ValueError: the size is not positive, the task is unknown, or the generator refuses the options.
     """
     import reasoning_gym
 
     if size <= 0:
-        raise ValueError(f"gsm_symbolic size must be positive, got {size}")
-    dataset = reasoning_gym.create_dataset(GSM_SYMBOLIC, size=size, seed=seed)
+        raise ValueError(f"{task} size must be positive, got {size}")
+    try:
+        dataset = reasoning_gym.create_dataset(task, size=size, seed=seed, **(options or {}))
+    except (ValueError, TypeError, AssertionError, KeyError) as e:
+        raise ValueError(f"reasoning_gym task {task!r} with options {options or {}}: {e}") from None
     skipped: Counter = Counter()
     examples = []
     for index in range(size):
@@ -256,24 +294,35 @@ def load_gsm_symbolic(size: int, seed: int) -> LoadResult:
         if truth is None:
             skipped[SKIP_NON_NUMERIC_ANSWER] += 1
             continue
-        # The generator's worked solution ends in "#### <answer>" like GSM8K's, so SFT can use it.
+        # gsm_symbolic's worked solution ends in "#### <answer>" like GSM8K's, so SFT can use it.
         cot = entry.get("metadata", {}).get("answer_cot")
         cot_truth = parse_gsm8k_ground_truth(cot) if isinstance(cot, str) else None
         # Some templates write "#### 8.0" for the answer "8": compare values, not text.
-        solution = cot if cot_truth is not None and float(cot_truth) == float(truth) else None
+        if cot_truth is not None and float(cot_truth) == float(truth):
+            solution = cot
+        elif task == GSM_SYMBOLIC:
+            solution = None
+        else:
+            solution = f"The answer is {truth}.\n#### {truth}"
+        name = task if not options else f"{REASONING_GYM_PREFIX}{task}"
         examples.append(Example(question=entry["question"], ground_truth=truth, solution=solution,
-                                source=GSM_SYMBOLIC, index=index))
+                                source=name, index=index))
     result = LoadResult(examples, dict(skipped))
-    _warn_skipped(result, f"{GSM_SYMBOLIC} (seed {seed})")
+    _warn_skipped(result, f"{task} (seed {seed})")
     return result
+
+
+def load_gsm_symbolic(size: int, seed: int) -> LoadResult:
+    """``size`` generated GSM8K-style problems (``reasoning_gym``'s ``gsm_symbolic``)."""
+    return load_reasoning_gym(GSM_SYMBOLIC, size, seed)
 
 
 def load_examples(source: str, split: str, *, size: int | None = None, seed: int = 0) -> LoadResult:
     """Load a split from any supported source.
 
     Args:
-        source: ``"gsm_symbolic"`` for generated problems, else anything :func:`load_gsm8k`
-            accepts.
+        source: ``"gsm_symbolic"`` or ``"reasoning_gym:TASK[?options]"`` for generated problems,
+            else anything :func:`load_gsm8k` accepts.
         split: ``"train"`` or ``"test"``. For ``gsm_symbolic`` the test split is generated with
             ``seed + GSM_SYMBOLIC_TEST_SEED_OFFSET`` so it differs from train.
         size: keep the first ``size`` examples (None keeps all; for ``gsm_symbolic`` it is the
@@ -282,10 +331,11 @@ def load_examples(source: str, split: str, *, size: int | None = None, seed: int
     """
     if size is not None and size <= 0:
         raise ValueError(f"size must be positive or None, got {size}")
-    if source == GSM_SYMBOLIC:
+    generated = parse_reasoning_gym_source(source)
+    if generated is not None:
         n = size if size is not None else GSM_SYMBOLIC_DEFAULT_SIZE.get(split, 500)
         split_seed = seed + GSM_SYMBOLIC_TEST_SEED_OFFSET if split == "test" else seed
-        result = load_gsm_symbolic(n, split_seed)
+        result = load_reasoning_gym(generated[0], n, split_seed, generated[1])
     else:
         result = load_gsm8k(source, split)
     if size is not None:

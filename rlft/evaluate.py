@@ -2,11 +2,13 @@
 
     python -m rlft.evaluate --model runs/grpo/final --data gsm8k:test --num-examples 200
 
-``--data`` takes ``gsm8k[:split]`` (the hub's ``openai/gsm8k``), ``gsm_symbolic[:split]`` (the
-offline generator), a hub id ``org/name[:split]``, or a local ``.jsonl``/``.parquet`` file or
-dataset directory, optionally followed by ``:split`` (default ``test``). Results go to ``--out``
-(default: ``<model dir>/eval_<data>_<timestamp>``, or ``runs/eval/eval_<model>_<data>_<timestamp>``
-when the model is not a local directory) as ``results.jsonl`` and ``summary.json``.
+``--data`` takes ``gsm8k[:split]`` (the hub's ``openai/gsm8k``), ``gsm_symbolic[:split]`` or
+``reasoning_gym:TASK[?key=value&...][:split]`` (offline generators), a hub id ``org/name[:split]``,
+or a local ``.jsonl``/``.parquet`` file or dataset directory, optionally followed by ``:split``
+(default ``test``). Repeat ``--data`` to score several sets with one engine start. Results go to
+``--out`` (``--out/<data label>`` for each of several sets; default:
+``<model dir>/eval_<data>_<timestamp>``, or ``runs/eval/eval_<model>_<data>_<timestamp>`` when the
+model is not a local directory) as ``results.jsonl`` and ``summary.json``.
 
 Sampling follows the training configuration's defaults (``rlft.config.SamplingConfig``: stop at
 ``</answer>`` and keep it, repetition penalty 1.1, at least 4 tokens); ``--temperature`` (greedy
@@ -58,13 +60,14 @@ def parse_data_arg(text: str) -> DataSpec:
         InputError: an empty split, or a source that is neither a known name, an existing path,
             nor a hub id.
     """
-    from rlft.data import GSM8K_HUB_ID, GSM_SYMBOLIC
+    from rlft.data import GSM8K_HUB_ID, GSM_SYMBOLIC, REASONING_GYM_PREFIX, parse_reasoning_gym_source
 
     text = text.strip()
     if not text:
         raise InputError("--data is empty")
     base, split = text, "test"
-    if not Path(text).expanduser().exists() and ":" in text:
+    generated = text.startswith(REASONING_GYM_PREFIX)
+    if not Path(text).expanduser().exists() and text.count(":") > int(generated):
         base, split = text.rsplit(":", 1)
         if not _SPLIT.fullmatch(split):
             raise InputError(f"--data {text!r}: bad split name {split!r} (expected e.g. 'test' or 'train')")
@@ -72,6 +75,14 @@ def parse_data_arg(text: str) -> DataSpec:
         return DataSpec(GSM8K_HUB_ID, split, f"gsm8k_{split}")
     if base == GSM_SYMBOLIC:
         return DataSpec(GSM_SYMBOLIC, split, f"gsm_symbolic_{split}")
+    if generated:
+        try:
+            task, options = parse_reasoning_gym_source(base)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        # Options are part of the name, so variants of one task land in different directories.
+        opts = "".join(f"_{k}{v}" for k, v in options.items())
+        return DataSpec(base, split, _slug(f"{task}{opts}_{split}"))
     path = Path(base).expanduser()
     if path.is_file():
         # "data/gsm8k/test.jsonl" -> "gsm8k_test": the file name alone is often just the split.
@@ -82,7 +93,7 @@ def parse_data_arg(text: str) -> DataSpec:
         return DataSpec(base, split, _slug(f"{base.split('/')[-1]}_{split}"))
     raise InputError(
         f"unknown data source {base!r}: not an existing file or directory; use {GSM8K_ALIAS}[:split], "
-        f"{GSM_SYMBOLIC}[:split], a hub id org/name[:split], or a local .jsonl/.parquet file or "
+        f"{GSM_SYMBOLIC}[:split], reasoning_gym:TASK[?options][:split], a hub id org/name[:split], or a local .jsonl/.parquet file or "
         "dataset directory"
     )
 
@@ -118,9 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True,
                    help="HF model directory, .gguf file, hub id, or 'smollm2-135m-instruct'")
-    p.add_argument("--data", default="gsm8k:test",
-                   help="gsm8k[:split] | gsm_symbolic[:split] | org/name[:split] | PATH[:split] "
-                        "(default: %(default)s)")
+    p.add_argument("--data", action="append", default=None,
+                   help="gsm8k[:split] | gsm_symbolic[:split] | reasoning_gym:TASK[?k=v&...][:split] | "
+                        "org/name[:split] | PATH[:split] (default: gsm8k:test); repeat it to score several "
+                        "sets with one engine start, each into OUT/<data label>")
     p.add_argument("--num-examples", type=int, default=200,
                    help="evaluate the first N examples; 0 = the whole split (default: %(default)s)")
     p.add_argument("--k", type=int, default=1,
@@ -202,32 +214,39 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def load_inputs(args: argparse.Namespace) -> tuple[str, DataSpec, list]:
+def load_inputs(args: argparse.Namespace) -> tuple[str, list[tuple[DataSpec, list]]]:
     """Check the options, resolve the model and load the examples, before anything heavy starts.
 
-    Returns ``(model_path, data_spec, examples)``. Raises :class:`InputError` on bad input.
+    Returns ``(model_path, [(data_spec, examples), ...])`` (one entry per ``--data``). Raises
+    :class:`InputError` on bad input.
     """
     from rlft.data import load_examples
     from rlft.models import ModelPathError, resolve_model_path
 
     check_args(args)
-    data = parse_data_arg(args.data)
+    specs = [parse_data_arg(text) for text in args.data or ["gsm8k:test"]]
+    labels = [d.label for d in specs]
+    if len(set(labels)) != len(labels):
+        raise InputError(f"--data: two sets share an output name ({', '.join(labels)})")
     try:
         model_path = resolve_model_path(args.model)
     except ModelPathError as exc:
         raise InputError(_one_line(exc)) from None
-    try:
-        loaded = load_examples(data.source, data.split, size=args.num_examples or None, seed=args.seed)
-    except (FileNotFoundError, RuntimeError, ValueError) as exc:  # missing, offline hub, empty
-        raise InputError(f"data {args.data!r}: {_one_line(exc)}") from None
-    return model_path, data, loaded.examples
+    sets = []
+    for text, data in zip(args.data or ["gsm8k:test"], specs):
+        try:
+            loaded = load_examples(data.source, data.split, size=args.num_examples or None, seed=args.seed)
+        except (FileNotFoundError, RuntimeError, ValueError) as exc:  # missing, offline hub, empty
+            raise InputError(f"data {text!r}: {_one_line(exc)}") from None
+        sets.append((data, loaded.examples))
+    return model_path, sets
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
-        model_path, data, examples = load_inputs(args)
+        model_path, sets = load_inputs(args)
     except InputError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -238,11 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     from rlft.roles.evaluator import evaluate, write_results
     from rlft.models import load_tokenizer
 
-    out_dir = Path(args.out) if args.out else default_out_dir(args.model, data.label)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     spec = build_spec(args)
-    print(f"{PROG}: {args.model} on {args.data} ({len(examples)} questions, k={args.k}, "
-          f"temperature={spec.temperature}, max_tokens={spec.max_tokens}, device={device})", file=sys.stderr)
     try:
         tokenizer = load_tokenizer(model_path, padding_side="left")
         engine = make_engine(args.backend, model_path, dtype=resolve_dtype(args.dtype, device), device=device,
@@ -254,19 +270,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: --backend {args.backend}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     with engine:  # closes the engine (vLLM's worker processes) however evaluation ends
-        records, summary = evaluate(engine, tokenizer, examples, spec=spec, k=args.k,
-                                    batch_size=args.batch_size, prompt_template=args.prompt_template,
-                                    progress=not args.no_progress)
-    # What produced these numbers, so a summary file stands on its own.
-    summary.update(model=args.model, data=args.data, split=data.split, engine=type(engine).__name__,
-                   device=device, temperature=spec.temperature, top_p=spec.top_p,
-                   max_tokens=spec.max_tokens, seed=args.seed)
-    results_path, summary_path = write_results(out_dir, records, summary)
-
-    print(f"\n{args.model} on {args.data}")
-    print(format_summary(summary))
-    print(f"results: {results_path}")
-    print(f"summary: {summary_path}")
+        for data, examples in sets:
+            if args.out:
+                out_dir = Path(args.out) / data.label if len(sets) > 1 else Path(args.out)
+            else:
+                out_dir = default_out_dir(args.model, data.label)
+            print(f"{PROG}: {args.model} on {data.source}:{data.split} ({len(examples)} questions, k={args.k}, "
+                  f"temperature={spec.temperature}, max_tokens={spec.max_tokens}, device={device})",
+                  file=sys.stderr)
+            records, summary = evaluate(engine, tokenizer, examples, spec=spec, k=args.k,
+                                        batch_size=args.batch_size, prompt_template=args.prompt_template,
+                                        progress=not args.no_progress)
+            # What produced these numbers, so a summary file stands on its own.
+            summary.update(model=args.model, data=f"{data.source}:{data.split}", split=data.split,
+                           engine=type(engine).__name__, device=device, temperature=spec.temperature,
+                           top_p=spec.top_p, max_tokens=spec.max_tokens, seed=args.seed)
+            results_path, summary_path = write_results(out_dir, records, summary)
+            print(f"\n{args.model} on {data.source}:{data.split}")
+            print(format_summary(summary))
+            print(f"results: {results_path}")
+            print(f"summary: {summary_path}")
     return 0
 
 

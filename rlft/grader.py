@@ -9,14 +9,28 @@ closes the answer with ``</answer>``, and the answer equals the ground truth:
 
 Answer equivalence is decided in two tiers:
 
-1. **Exact numbers, in this process.** GSM8K-style answers (``$1,000.00``, ``18 dollars``,
-   ``\\boxed{18}``, ``25%``) are normalised and compared as exact rationals (``Decimal`` ->
-   ``Fraction``; never floats, so 20-digit integers compare exactly). This decides almost every
-   GSM8K answer in microseconds.
-2. **Symbolic, in a worker process.** Otherwise (``\\frac{1}{2}`` against ``0.5``), the answer
-   goes to ``math_verify`` in a long-lived child process (:mod:`rlft._grader_worker`). sympy can
-   run for minutes on hostile input and ignores signals inside C loops, so each check gets a
-   deadline and a worker that passes it is killed and replaced.
+1. **Exact numbers, in this process.** When the ground truth is a number (every GSM8K answer),
+   the answer must be written as a number too, and is compared as an exact rational (``Decimal``
+   -> ``Fraction``; never floats, so 20-digit integers compare exactly). Number forms
+   (:func:`parse_number_form`): integers and decimals with thousands commas (``1,000``,
+   ``1{,}000``, ``1\\,000``), a sign, currency (``$18``, ``\\$18``), trailing unit words
+   (``18 dollars``, ``\\text{18 apples}``), a percent sign (``25%`` is right for 25 or 0.25),
+   ``\\boxed{}``, a short label (``x = 18``), and fractions of two integers (``1/2``,
+   ``\\frac{1}{2}``, ``\\dfrac12``). Anything else is wrong without further checks: an answer
+   left as arithmetic (``16+2``, ``2 \\times 9``, ``9^2``, ``\\sqrt{324}``) is not credited, and
+   neither is a fraction whose value is a whole number (``36/2``, ``\\frac{36}{2}``): that is
+   the last division left undone, and the original grader, too, credits an integer ground truth
+   only with an answer that reads as an integer. Mixed numbers (``2 1/2``) and scientific
+   notation are not number forms either.
+2. **Symbolic, in a worker process.** A ground truth that is not a number (``\\sqrt{2}``,
+   ``x+1``) is compared with ``math_verify`` in a long-lived child process
+   (:mod:`rlft._grader_worker`). sympy can run for minutes on hostile input and ignores signals
+   inside C loops, so each check gets a deadline and a worker that passes it is killed and
+   replaced. (``fast=False`` also sends two numbers that differ exactly, for math_verify's
+   6-decimal float comparison.)
+
+The same workers run custom reward functions (:meth:`Grader.call_batch`, used by
+:mod:`rlft.rewards`) under the same deadlines.
 
 Model text is never evaluated as code: the symbolic path uses only math_verify's LaTeX grammar
 (never ``sympy.parse_expr``/``sympify``, which call ``eval``), and text that looks like code,
@@ -27,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import subprocess
@@ -49,6 +64,7 @@ DEFAULT_TIMEOUT_PER_ITEM = 1.0  # seconds one symbolic check may take before its
 DEFAULT_START_TIMEOUT = 60.0  # seconds a new worker may take to import sympy and report ready
 MAX_ANSWER_CHARS = MAX_SYMBOLIC_CHARS  # longer answers are wrong without further checks
 _FAILED_STARTS_BEFORE_ERROR = 3
+TIMED_OUT, CRASHED = "timed_out", "crashed"  # outcomes of a job whose worker was killed or died
 
 THINK_ANSWER_SEPARATOR = "</think> <answer>"
 ANSWER_OPEN = "<answer>"
@@ -127,19 +143,29 @@ _DROPPED = (
     "\\$", "$", "\\(", "\\)", "\\[", "\\]", "\\!", "\\,", "\\;", "\\:", "\\ ", "~",
     "€", "£", "¥", "₹",
 )
+_DIGITS = r"\d{1,3}(?:,\d{3})+|\d+"  # an integer, optionally grouped in thousands
 _NUMBER = re.compile(
     r"(?P<sign>[-+]?)\s*"
-    r"(?P<digits>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)\s*"
+    rf"(?P<digits>(?:{_DIGITS})(?:\.\d+)?|\.\d+)"
+    # A fraction of two integers: "1/2" (also what "\frac{1}{2}" is rewritten to).
+    rf"(?:\s*/\s*(?P<denominator>{_DIGITS}))?\s*"
     r"(?P<percent>%|percent\b|per\s?cent\b)?\s*"
     # Trailing unit words ("18 dollars", "5 km/h", "3 sq. ft"): letters only, no digits, so
     # "18 or 19" is not read as 18.
     r"(?P<unit>[a-z][a-z .'/-]{0,39})?",
     re.IGNORECASE,
 )
+# \frac{1}{2}, \dfrac{-3}{4}, \tfrac12 with integer parts, rewritten as "1/2" before matching.
+_LATEX_FRACTION = re.compile(
+    r"\\[dt]?frac\s*(?:\{\s*(?P<num>[-+]?\s*[\d,]+)\s*\}|(?P<num1>\d))"
+    r"\s*(?:\{\s*(?P<den>[\d,]+)\s*\}|(?P<den1>\d))"
+)
+# "x = 18", "= 18": a label of at most two letters before the number (as the original grader).
+_LABEL = re.compile(r"(?:[a-z]{1,2}\s*)?=\s*", re.IGNORECASE)
 
 
-def _parse_number(text: str) -> tuple[Decimal, bool] | None:
-    """(exact value, written as a percentage?) for a GSM8K-style number, else None."""
+def _number_match(text: str) -> re.Match | None:
+    """The number-form match for ``text`` after LaTeX and markdown clean-up, else None."""
     if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
         return None
     if "\\boxed" in text or "\\fbox" in text:
@@ -152,15 +178,55 @@ def _parse_number(text: str) -> tuple[Decimal, bool] | None:
     text = text.replace("\\%", "%").replace("{,}", ",").replace("\u2212", "-")
     for token in _DROPPED:
         text = text.replace(token, "")
+    # Spaced, so that a mixed number ("2\\frac{1}{2}") stays two numbers instead of "21/2".
+    text = _LATEX_FRACTION.sub(
+        lambda m: " " + f"{m['num'] or m['num1']}/{m['den'] or m['den1']}".replace(" ", "") + " ",
+        text)
     text = text.strip().strip("*").strip()  # markdown bold
     text = text.rstrip(". ").strip()  # "18." at the end of a sentence
-    match = _NUMBER.fullmatch(text)
-    if match is None:
+    label = _LABEL.match(text)
+    if label is not None:
+        text = text[label.end():]
+    return _NUMBER.fullmatch(text)
+
+
+def _parse_number(text: str) -> tuple[Decimal, bool] | None:
+    """(exact value, written as a percentage?) for a GSM8K-style decimal number, else None."""
+    match = _number_match(text)
+    if match is None or match["denominator"] is not None:
         return None
     try:
         value = Decimal(match["sign"] + match["digits"].replace(",", ""))
     except InvalidOperation:
         return None
+    return value, match["percent"] is not None
+
+
+def parse_number_form(text: str, whole_fractions: bool = False) -> tuple[Fraction, bool] | None:
+    """(exact value, written as a percentage?) when ``text`` is written as a number, else None.
+
+    Number forms: an integer or decimal (``18``, ``-3.5``, ``.5``, ``1,000``) with the clean-up of
+    :func:`normalize_number` (currency, ``\\boxed{}``, ``\\text{}``, unit words, percent), a label
+    (``x = 18``), or a fraction of two integers (``1/2``, ``\\frac{1}{2}``, ``-\\dfrac{3}{4}``,
+    ``\\tfrac12``). Expressions are not numbers: ``16+2``, ``2*9``, ``9^2``, ``\\sqrt{4}``,
+    ``18 + 0``, mixed numbers (``1 1/2``), scientific notation (``1.8e1``) and decimal fractions
+    (``1.5/3``) all give None, and so does a fraction whose value is a whole number (``36/2``)
+    unless ``whole_fractions`` (used for ground truths, which may be written that way).
+    """
+    match = _number_match(text)
+    if match is None:
+        return None
+    try:
+        value = Fraction(Decimal(match["sign"] + match["digits"].replace(",", "")))
+    except InvalidOperation:
+        return None
+    if match["denominator"] is not None:
+        denominator = int(match["denominator"].replace(",", ""))
+        if "." in match["digits"] or denominator == 0:
+            return None
+        value /= denominator
+        if value.denominator == 1 and not whole_fractions:
+            return None
     return value, match["percent"] is not None
 
 
@@ -170,7 +236,8 @@ def normalize_number(text: str) -> str | None:
     Strips ``$``, thousands commas, trailing zeros after the point, ``\\boxed{}``, ``\\text{}``,
     surrounding spaces/periods/bold markers and trailing unit words; a percent sign is dropped
     (``"25%"`` -> ``"25"``). Examples: ``"$1,000.00"`` -> ``"1000"``, ``"-3.50"`` -> ``"-3.5"``,
-    ``"\\boxed{18}"`` -> ``"18"``, ``"18 dollars"`` -> ``"18"``, ``"1/2"`` -> None.
+    ``"\\boxed{18}"`` -> ``"18"``, ``"18 dollars"`` -> ``"18"``, ``"1/2"`` -> None (a fraction has
+    no decimal string in general; :func:`parse_number_form` reads it).
     """
     parsed = _parse_number(text)
     if parsed is None:
@@ -181,16 +248,16 @@ def normalize_number(text: str) -> str | None:
     return format(value.normalize(), "f")
 
 
-def _number_values(text: str) -> set[Fraction] | None:
+def _number_values(text: str, whole_fractions: bool = False) -> set[Fraction] | None:
     """Exact values ``text`` may denote: ``{v}``, plus ``v/100`` when written as a percentage.
 
     Both readings of "25%" are accepted because GSM8K stores percentage answers as bare numbers
     ("25") while other sources store fractions ("0.25").
     """
-    parsed = _parse_number(text)
+    parsed = parse_number_form(text, whole_fractions)
     if parsed is None:
         return None
-    value = Fraction(parsed[0])
+    value = parsed[0]
     return {value, value / 100} if parsed[1] else {value}
 
 
@@ -217,17 +284,21 @@ def _number_text(value: int | float) -> str:
 
 
 def _decide_in_process(answer: str, golds: list[str], fast: bool) -> tuple[bool | None, list[str]]:
-    """Exact-number verdict: (True/False, []) when decided, (None, golds left for math_verify)."""
+    """Exact-number verdict: (True/False, []) when decided, (None, golds left for math_verify).
+
+    A gold that is a number is matched only by an answer written as a number: an expression
+    (``16+2``) never reaches math_verify, which would evaluate it.
+    """
     mine = _number_values(answer)
     undecided = []
     for gold in golds:
-        theirs = _number_values(gold)
+        theirs = _number_values(gold, whole_fractions=True)
         if theirs is None:
             undecided.append(gold)
         elif mine is not None and mine & theirs:
             return True, []
-        elif mine is None or not fast:
-            undecided.append(gold)
+        elif mine is not None and not fast:
+            undecided.append(gold)  # two numbers: math_verify may still round them equal
     if not undecided:
         return False, []
     return None, undecided
@@ -244,7 +315,9 @@ class GradeStats:
     graded: int = 0  # items returned
     in_process: int = 0  # decided by the format check or exact number comparison
     symbolic: int = 0  # answered by math_verify in a worker
+    custom: int = 0  # rewarded by a custom reward function in a worker (Grader.call_batch)
     rejected: int = 0  # refused by the safety filter before parsing (scored wrong)
+    errors: int = 0  # the custom reward function raised (all-zero reward)
     timed_out: int = 0  # worker killed at the per-item deadline (scored wrong)
     crashed: int = 0  # worker died during the check (scored wrong)
     unfinished: int = 0  # not graded by the batch deadline (all-zero reward)
@@ -256,6 +329,27 @@ class GradeStats:
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class _Job:
+    """One item's request for a worker."""
+
+    key: int  # the item's index in its batch
+    request: dict  # sent with an "id" added
+    counter: str | None = None  # GradeStats field counted when the worker answers
+    load: str | None = None  # reward function ("module:function") the worker must import first
+    path: tuple[str, ...] = ()  # directories the worker appends to sys.path before that import
+
+
+@dataclasses.dataclass
+class _Task:
+    """A request in flight on one worker: an item's job, or (job None) importing ``loading``."""
+
+    job: _Job | None
+    request_id: int
+    deadline: float
+    loading: str | None = None
 
 
 class _Worker:
@@ -272,8 +366,8 @@ class _Worker:
         self.started_at = time.monotonic()
         self.ready = False
         self.checks_done = 0
-        # (item key, request id, deadline) of the check in flight, or None when idle
-        self.task: tuple[int, int, float] | None = None
+        self.task: _Task | None = None  # the request in flight, or None when idle
+        self.loaded: set[str] = set()  # reward functions imported in this worker
         self._buffer = b""
 
     def fileno(self) -> int:
@@ -352,16 +446,19 @@ def _worker_env() -> dict[str, str]:
 
 
 class Grader:
-    """Grades responses, owning a small pool of symbolic-check worker processes.
+    """Grades responses, owning a small pool of killable worker processes.
 
-    Workers start lazily (only when an answer needs math_verify) and are reused across calls;
-    each holds only sympy and math_verify (~100 MB). Use as a context manager or call
+    Workers run math_verify checks (:meth:`grade_batch`) and custom reward functions
+    (:meth:`call_batch`). They start lazily (only when an answer needs math_verify or a custom
+    function is called) and are reused across calls; each holds only sympy and math_verify
+    (~100 MB) plus any reward function it has imported. Use as a context manager or call
     :meth:`close`; a closed grader restarts workers if used again.
 
     Args:
         workers: most worker processes (default ``min(4, cpu_count)``).
-        timeout_per_item: default seconds per symbolic check before its worker is killed.
-        start_timeout: seconds a new worker may take to start before it counts as failed.
+        timeout_per_item: default seconds per check or call before its worker is killed.
+        start_timeout: seconds a new worker may take to start, or to import a reward function,
+            before it counts as failed.
         max_checks_per_worker: a worker is retired after this many checks, bounding sympy's
             cache growth.
     """
@@ -387,6 +484,7 @@ class Grader:
         self._lock = threading.Lock()
         self._next_request_id = 0
         self._failed_starts = 0
+        self._failed_loads = 0
         self._finalizer = weakref.finalize(self, _stop_workers, self._workers)
 
     # ---- lifecycle
@@ -482,68 +580,171 @@ class Grader:
             elif not is_safe_for_symbolic(answer):
                 results[i], stats.rejected = WRONG_ANSWER, stats.rejected + 1
             else:
-                jobs.append((i, answer.strip(), undecided))
+                request = {"answer": answer.strip(), "golds": undecided}
+                jobs.append(_Job(i, request, counter="symbolic"))
 
         with self._lock:  # one batch at a time owns the workers and the counters
             try:
                 if jobs:
-                    outcomes = self._check_symbolic(jobs, per_item, deadline, limit, stats)
+                    outcomes = self._run_jobs(jobs, per_item, deadline, limit, stats)
                     for i, outcome in outcomes.items():
-                        results[i] = FORMAT_ERROR if outcome is None else _reward(True, outcome)
+                        # A check cut off at its deadline or by a crash is wrong; one the batch
+                        # deadline never reached gets no reward at all.
+                        equal = isinstance(outcome, dict) and bool(outcome.get("equal"))
+                        results[i] = FORMAT_ERROR if outcome is None else _reward(True, equal)
             finally:
                 self.last_batch_stats = stats
                 self.stats.add(stats)
         return [dict(r) for r in results]
 
+    def call_batch(
+        self,
+        fn: str,
+        responses: Sequence[str],
+        ground_truths: Sequence,
+        *,
+        timeout_per_item: float | None = None,
+        total_timeout: float | None = None,
+        workers: int | None = None,
+        path: Sequence[str] | None = None,
+    ) -> list[dict[str, float] | None]:
+        """Run the reward function ``fn`` (``"package.module:function"``) on each pair in the
+        worker processes, under the same time bounds as :meth:`grade_batch`.
+
+        ``fn(response, ground_truth)`` is imported once per worker (within ``start_timeout``;
+        ``path``, default this process's ``sys.path``, is appended to the worker's first) and
+        called per item; its return value is checked by
+        :func:`rlft._grader_worker.reward_value`. Returns, per item, ``{"reward"}`` plus the
+        ``"format_reward"``/``"answer_reward"`` the function gave, or None for an item whose call
+        raised (``last_batch_stats.errors``), passed ``timeout_per_item`` (``timed_out``), killed
+        its worker (``crashed``) or was not reached by ``total_timeout`` (``unfinished``).
+
+        Raises TypeError, naming the function and the value, when it returns something that is
+        not a reward, and RuntimeError when a worker cannot import it.
+        """
+        if len(responses) != len(ground_truths):
+            raise ValueError(
+                f"got {len(responses)} responses but {len(ground_truths)} ground truths"
+            )
+        per_item = self.timeout_per_item if timeout_per_item is None else _positive_float(
+            timeout_per_item, "timeout_per_item")
+        deadline = None if total_timeout is None else time.monotonic() + _positive_float(
+            total_timeout, "total_timeout")
+        limit = self.max_workers if workers is None else _positive_int(workers, "workers")
+        search_path = tuple(os.path.abspath(p or os.curdir) for p in (sys.path if path is None else path))
+        cpu_seconds = math.ceil(per_item) + 1
+
+        jobs = []
+        for i, (response, ground_truth) in enumerate(zip(responses, ground_truths)):
+            if not isinstance(response, str):
+                raise TypeError(f"responses[{i}] must be a str, got {type(response).__name__}")
+            try:
+                json.dumps(ground_truth)
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"ground_truths[{i}] must be a str, number or list of them, got "
+                    f"{type(ground_truth).__name__}"
+                ) from None
+            request = {"call": fn, "response": response, "ground_truth": ground_truth,
+                       "cpu_seconds": cpu_seconds}
+            jobs.append(_Job(i, request, load=fn, path=search_path))
+
+        stats = GradeStats(graded=len(responses))
+        results: list[dict[str, float] | None] = [None] * len(responses)
+        with self._lock:
+            try:
+                outcomes = self._run_jobs(jobs, per_item, deadline, limit, stats)
+                for i, outcome in outcomes.items():
+                    if isinstance(outcome, dict) and "value" in outcome:
+                        results[i] = {k: float(v) for k, v in outcome["value"].items()}
+                        stats.custom += 1
+                    elif isinstance(outcome, dict):
+                        stats.errors += 1
+            finally:
+                self.last_batch_stats = stats
+                self.stats.add(stats)
+        return results
+
     # ---- worker pool internals (called with self._lock held)
 
-    def _check_symbolic(
+    def _run_jobs(
         self,
-        jobs: list[tuple[int, str, list[str]]],
+        jobs: list[_Job],
         per_item: float,
         deadline: float | None,
         limit: int,
         stats: GradeStats,
-    ) -> dict[int, bool | None]:
-        """Run math_verify checks on workers: {item: equal?, or None when unfinished}."""
-        outcomes: dict[int, bool | None] = {}
+    ) -> dict[int, dict | str | None]:
+        """Run jobs on workers: {item: the worker's reply, TIMED_OUT or CRASHED, or None when the
+        batch deadline came first}. On an error, workers still busy are killed (their replies
+        would belong to this batch) before it propagates."""
+        outcomes: dict[int, dict | str | None] = {}
         pending = deque(jobs)
-        while pending or any(w.task for w in self._workers):
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                break
-            busy = sum(1 for w in self._workers if w.task)
-            while len(self._workers) < min(limit, busy + len(pending)):
-                self._spawn(stats)
+        try:
+            while pending or any(w.task for w in self._workers):
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    break
+                busy = sum(1 for w in self._workers if w.task)
+                while len(self._workers) < min(limit, busy + len(pending)):
+                    self._spawn(stats)
+                for worker in list(self._workers):
+                    if pending and busy < limit and worker.ready and worker.task is None:
+                        busy += self._dispatch(worker, pending, per_item, now, stats)
+                for job, outcome in self._pump(stats, deadline):
+                    if isinstance(outcome, dict) and "bad" in outcome:
+                        raise TypeError(
+                            f"reward function {job.load!r} {outcome['bad']} (for responses[{job.key}])"
+                        )
+                    outcomes[job.key] = outcome
+        except BaseException:
             for worker in list(self._workers):
-                if pending and busy < limit and worker.ready and worker.task is None:
-                    key, answer, golds = pending.popleft()
-                    self._next_request_id += 1
-                    if worker.send({"id": self._next_request_id, "answer": answer, "golds": golds}):
-                        worker.task = (key, self._next_request_id, now + per_item)
-                        busy += 1
-                    else:
-                        pending.appendleft((key, answer, golds))
-                        self._retire(worker, stats, crashed=True)
-            for key, equal in self._pump(stats, deadline):
-                outcomes[key] = equal
+                if worker.task:
+                    worker.task = None
+                    self._remove(worker)
+            raise
         for worker in list(self._workers):
-            if worker.task:  # batch deadline passed mid-check
-                outcomes[worker.task[0]] = None
-                stats.unfinished += 1
+            if worker.task:  # batch deadline passed mid-request
+                if worker.task.job is not None:
+                    outcomes[worker.task.job.key] = None
+                    stats.unfinished += 1
                 worker.task = None
                 self._remove(worker)
                 self._spawn(stats)  # keep the pool's size for the next batch
-        for key, _, _ in pending:
-            outcomes[key] = None
+        for job in pending:
+            outcomes[job.key] = None
             stats.unfinished += 1
         return outcomes
 
-    def _pump(self, stats: GradeStats, deadline: float | None) -> list[tuple[int, bool]]:
-        """Wait for worker output until the nearest deadline; handle results, start-ups, deaths
-        and expired checks. Returns finished (item, equal?) pairs; timeouts/crashes as False."""
+    def _dispatch(
+        self, worker: _Worker, pending: deque, per_item: float, now: float, stats: GradeStats
+    ) -> int:
+        """Send the next pending job to an idle worker, or first the import of its reward function
+        (bounded by ``start_timeout``, not by the per-item bound). Returns 1 when sent."""
+        job = pending[0]
+        self._next_request_id += 1
+        if job.load is not None and job.load not in worker.loaded:
+            message = {"load": job.load, "path": list(job.path),
+                       "cpu_seconds": math.ceil(self.start_timeout) + 1}
+            task = _Task(None, self._next_request_id, now + self.start_timeout, loading=job.load)
+        else:
+            pending.popleft()
+            message = job.request
+            task = _Task(job, self._next_request_id, now + per_item)
+        if worker.send({"id": self._next_request_id, **message}):
+            worker.task = task
+            return 1
+        if task.job is not None:
+            pending.appendleft(job)
+        self._retire(worker, stats, crashed=False)
+        return 0
+
+    def _pump(self, stats: GradeStats, deadline: float | None) -> list[tuple[_Job, dict | str]]:
+        """Wait for worker output until the nearest deadline; handle replies, start-ups, deaths
+        and expired requests. Returns finished (job, reply) pairs, TIMED_OUT/CRASHED for jobs
+        whose worker was killed at the per-item deadline or died."""
         now = time.monotonic()
-        wake_at = [w.task[2] for w in self._workers if w.task]
+        wake_at = [w.task.deadline for w in self._workers if w.task]
         wake_at += [w.started_at + self.start_timeout for w in self._workers if not w.ready]
         if deadline is not None:
             wake_at.append(deadline)
@@ -552,39 +753,63 @@ class Grader:
             return []
         readable = wait_for_readable(waiting, timeout=max(0.0, min(wake_at) - now))
 
-        finished: list[tuple[int, bool]] = []
+        finished: list[tuple[_Job, dict | str]] = []
         for worker in readable:
             messages = worker.receive()
             if messages is None:  # exited (crash, CPU/memory limit) or garbled
-                was_checking = worker.task is not None
-                if was_checking:
-                    finished.append((worker.task[0], False))
+                task = worker.task
+                if task is not None and task.job is not None:
+                    finished.append((task.job, CRASHED))
                 self._retire(worker, stats, crashed=True)
-                if was_checking and worker.ready:
+                if task is not None and worker.ready:
                     self._spawn(stats)
+                if task is not None and task.job is None:
+                    self._load_failed(task.loading, "its worker died while importing it")
                 continue
             for message in messages:
                 if message.get("ready"):
                     worker.ready, self._failed_starts = True, 0
-                elif worker.task and message.get("id") == worker.task[1]:
-                    finished.append((worker.task[0], bool(message.get("equal"))))
-                    stats.symbolic += 1
-                    worker.task = None
+                elif worker.task and message.get("id") == worker.task.request_id:
+                    task, worker.task = worker.task, None
+                    if task.job is None:  # an import finished
+                        if "error" in message:
+                            raise RuntimeError(
+                                f"a grader worker cannot import the reward function: {message['error']}"
+                            )
+                        worker.loaded.add(task.loading)
+                        self._failed_loads = 0
+                        continue
+                    finished.append((task.job, message))
+                    if task.job.counter is not None:
+                        setattr(stats, task.job.counter, getattr(stats, task.job.counter) + 1)
                     worker.checks_done += 1
             if worker.ready and worker.task is None and worker.checks_done >= self.max_checks_per_worker:
                 self._remove(worker, graceful=True)
 
         now = time.monotonic()
         for worker in list(self._workers):
-            if worker.task and now >= worker.task[2]:
-                finished.append((worker.task[0], False))
-                stats.timed_out += 1
-                worker.task = None
+            if worker.task and now >= worker.task.deadline:
+                task, worker.task = worker.task, None
+                if task.job is not None:
+                    finished.append((task.job, TIMED_OUT))
+                    stats.timed_out += 1
                 self._remove(worker)
-                self._spawn(stats)  # the replacement imports sympy while other checks run
+                self._spawn(stats)  # the replacement starts up while other requests run
+                if task.job is None:
+                    self._load_failed(task.loading, f"importing it took over {self.start_timeout:g} s")
             elif not worker.ready and now >= worker.started_at + self.start_timeout:
                 self._retire(worker, stats, crashed=False)
         return finished
+
+    def _load_failed(self, spec: str, reason: str) -> None:
+        """Count a failed import of a reward function; raise after several in a row."""
+        self._failed_loads += 1
+        if self._failed_loads >= _FAILED_STARTS_BEFORE_ERROR:
+            self._failed_loads = 0
+            raise RuntimeError(
+                f"reward function {spec!r} could not be loaded in a grader worker "
+                f"{_FAILED_STARTS_BEFORE_ERROR} times in a row: {reason}"
+            )
 
     def _spawn(self, stats: GradeStats) -> None:
         self._workers.append(_Worker(self._env))
@@ -592,7 +817,7 @@ class Grader:
 
     def _retire(self, worker: _Worker, stats: GradeStats, *, crashed: bool) -> None:
         """Remove a dead or stuck worker, counting a crash mid-check or a failed start."""
-        if worker.task and crashed:
+        if worker.task and worker.task.job is not None and crashed:
             stats.crashed += 1
         worker.task = None
         if not worker.ready:

@@ -24,8 +24,9 @@ from rlft.runtime.rank import parse_run_args, run_rank
 from rlft.runtime.sync import sync_weights
 
 
-def grpo_step(ctx: RankContext, step: int) -> dict:
-    """One GRPO step on every rank; returns this rank's metrics (the coordinator logs them all)."""
+def grpo_step(ctx: RankContext, step: int, last: bool = False) -> dict:
+    """One GRPO step on every rank; returns this rank's metrics (the coordinator logs them all).
+    `last`: the run ends after this step (the held-out evaluation always runs then)."""
     cfg, bridge, t = ctx.cfg, ctx.bridge, ctx.cfg.topology
     metrics: dict = {}
     batch = None
@@ -55,7 +56,7 @@ def grpo_step(ctx: RankContext, step: int) -> dict:
             metrics.update(sync_weights(ctx))
 
     # 5. Evaluation on the held-out split (and always after the last step).
-    if (cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0) or step == cfg.schedule.steps:
+    if (cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0) or last:
         metrics.update(run_evaluation(ctx, step))
     return metrics
 

@@ -53,8 +53,9 @@ def check_sft_config(cfg: RunConfig) -> None:
                           f"micro-batches of optim.train_micro_batch_size={micro}")
 
 
-def sft_step(ctx: RankContext, step: int) -> dict:
-    """One SFT step on every rank; returns this rank's metrics (the coordinator logs them all)."""
+def sft_step(ctx: RankContext, step: int, last: bool = False) -> dict:
+    """One SFT step on every rank; returns this rank's metrics (the coordinator logs them all).
+    The evaluation after the last step runs in `train`, after the final checkpoint."""
     cfg = ctx.cfg
     metrics: dict = {}
     batch = None
@@ -114,11 +115,11 @@ def train(ctx: RankContext, data_info: dict) -> None:
                                 **{f"data/skipped/{k}": v for k, v in data_info["skipped"].items()}})
     if cfg.schedule.evaluate_at_start and start == 0:
         report(ctx, 0, bridge.gather_objects(evaluate_now(ctx, 0, sync=False), dst=0))
-    run_steps(ctx, sft_step, start, desc="sft", extra_metrics=train_throughput)
+    end = run_steps(ctx, sft_step, start, desc="sft", extra_metrics=train_throughput)
     if start >= total:  # resumed from the last step's checkpoint: only the final model is missing
         save_checkpoint(ctx, total, final=True)
-    if cfg.schedule.evaluate_freq == 0 or total % cfg.schedule.evaluate_freq or start >= total:
-        report(ctx, total, bridge.gather_objects(evaluate_now(ctx, total), dst=0))
+    if cfg.schedule.evaluate_freq == 0 or end % cfg.schedule.evaluate_freq or start >= total:
+        report(ctx, end, bridge.gather_objects(evaluate_now(ctx, end), dst=0))
     close_tracker(ctx)
 
 

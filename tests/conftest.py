@@ -1,4 +1,4 @@
-"""Shared test helpers: where the repository and the shared data live, and a tiny model that has
+"""Shared test helpers: where the repository and the GSM8K fixture live, and a tiny model that has
 learnt the answer format (so rollouts earn rewards with real variance)."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+# The first 64 train and 32 test rows of openai/gsm8k (MIT; see tests/fixtures/gsm8k/README.md).
+GSM8K_FIXTURE = REPO / "tests" / "fixtures" / "gsm8k"
 
 
 def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list[str], *, steps: int = 100,
@@ -51,5 +52,6 @@ def write_gsm8k_dir(path: Path, splits: dict[str, list[tuple[str, str]]]) -> Pat
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    return SHARED
+def gsm8k_dir() -> Path:
+    """The committed GSM8K fixture: a directory holding train.jsonl and test.jsonl."""
+    return GSM8K_FIXTURE

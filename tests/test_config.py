@@ -419,13 +419,12 @@ def test_cpu_demo_config():
     assert cfg.device == "cpu"
 
 
-def test_cpu_tiny_config_with_the_integration_tests_overrides(tmp_path):
-    shared_gsm8k = REPO.parent / "shared" / "data" / "gsm8k"
+def test_cpu_tiny_config_with_the_integration_tests_overrides(tmp_path, gsm8k_dir):
     cfg = load_config(CONFIGS / "grpo_cpu_tiny.yaml",
-                      [f"model.path={tmp_path / 'tiny-model'}", f"data.source={shared_gsm8k}",
+                      [f"model.path={tmp_path / 'tiny-model'}", f"data.source={gsm8k_dir}",
                        f"output.dir={tmp_path / 'run'}"])
     assert cfg.model.path == str(tmp_path / "tiny-model")
-    assert cfg.data.source == str(shared_gsm8k)
+    assert cfg.data.source == str(gsm8k_dir)
     assert cfg.output.dir == str(tmp_path / "run")
     assert cfg.sampling.backend == "hf"
     assert cfg.sampling.max_tokens == 16

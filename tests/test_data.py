@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,8 @@ from rlft.data import (
 )
 from rlft.prompts import R1_ZERO_PROMPT, format_prompt, format_sft_target
 
-GSM8K_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
-needs_gsm8k = pytest.mark.skipif(not (GSM8K_DIR / "train.jsonl").is_file(),
-                                 reason=f"GSM8K copy not found at {GSM8K_DIR}")
+# A full GSM8K copy (train.jsonl, test.jsonl), for the full-size checks only.
+GSM8K_FULL_ENV = "RLFT_GSM8K_DIR"
 
 
 # ----------------------------------------------------------------------------- ground truth
@@ -46,13 +46,12 @@ def test_parse_gsm8k_ground_truth(answer, expected):
 
 
 @pytest.fixture(scope="module")
-def gsm8k_train() -> LoadResult:
-    return load_gsm8k(str(GSM8K_DIR), "train")
+def gsm8k_train(gsm8k_dir) -> LoadResult:
+    return load_gsm8k(str(gsm8k_dir), "train")
 
 
-@needs_gsm8k
 def test_gsm8k_train_loads_every_row(gsm8k_train):
-    assert len(gsm8k_train.examples) == 7473
+    assert len(gsm8k_train.examples) == 64
     assert gsm8k_train.skipped == {}
     first = gsm8k_train.examples[0]
     assert first.question.startswith("Natalia sold clips to 48 of her friends in April")
@@ -60,25 +59,56 @@ def test_gsm8k_train_loads_every_row(gsm8k_train):
     assert first.solution.endswith("#### 72")
     assert first.index == 0 and first.source.endswith("train.jsonl")
     assert [e.ground_truth for e in gsm8k_train.examples[1:3]] == ["10", "5"]
-    # Row 345's answer is written "1,080"; row 5715's is negative.
-    assert gsm8k_train.examples[345].ground_truth == "1080"
-    assert gsm8k_train.examples[5715].ground_truth == "-7"
-    assert [e.index for e in gsm8k_train.examples] == list(range(7473))
+    # Row 15's working writes "448,000"; its final answer is the bare number.
+    assert gsm8k_train.examples[15].ground_truth == "448000"
+    assert gsm8k_train.examples[63].ground_truth == "59"
+    assert [e.index for e in gsm8k_train.examples] == list(range(64))
 
 
-@needs_gsm8k
-def test_gsm8k_test_split_loads_every_row():
-    result = load_examples(str(GSM8K_DIR), "test")
-    assert len(result.examples) == 1319 and result.skipped == {}
+def test_gsm8k_test_split_loads_every_row(gsm8k_dir):
+    result = load_examples(str(gsm8k_dir), "test")
+    assert len(result.examples) == 32 and result.skipped == {}
     assert result.examples[0].ground_truth == "18"    # Janet's ducks
     assert result.examples[1].ground_truth == "3"     # the robe
-    assert result.examples[146].ground_truth == "2125"  # written "2,125"
+    assert result.examples[17].ground_truth == "57500"  # Jill's salary
+    assert result.examples[31].source.endswith("test.jsonl")
 
 
-@needs_gsm8k
-def test_gsm8k_single_file_and_size_truncation():
-    result = load_examples(str(GSM8K_DIR / "test.jsonl"), "test", size=5)
+def test_gsm8k_single_file_and_size_truncation(gsm8k_dir):
+    result = load_examples(str(gsm8k_dir / "test.jsonl"), "test", size=5)
     assert [e.ground_truth for e in result.examples] == ["18", "3", "70000", "540", "20"]
+
+
+@pytest.fixture(scope="module")
+def gsm8k_full_dir() -> Path:
+    value = os.environ.get(GSM8K_FULL_ENV)
+    if not value:
+        pytest.skip(f"full-size check: set {GSM8K_FULL_ENV} to a full GSM8K copy (the fixture covers the rest)")
+    path = Path(value)
+    if not all((path / f"{split}.jsonl").is_file() for split in ("train", "test")):
+        pytest.fail(f"{GSM8K_FULL_ENV}={value} holds no train.jsonl and test.jsonl")
+    return path
+
+
+def test_full_gsm8k_train_loads_every_row(gsm8k_full_dir, gsm8k_dir):
+    result = load_gsm8k(str(gsm8k_full_dir), "train")
+    assert len(result.examples) == 7473 and result.skipped == {}
+    # Row 345's answer is written "1,080"; row 5715's is negative.
+    assert result.examples[345].ground_truth == "1080"
+    assert result.examples[5715].ground_truth == "-7"
+    assert format_sft_target(result.examples[345].solution).endswith("<answer> 1080 </answer>")
+    assert [e.index for e in result.examples] == list(range(7473))
+    # The fixture is the copy's first rows, byte for byte.
+    fixture = (gsm8k_dir / "train.jsonl").read_bytes()
+    assert (gsm8k_full_dir / "train.jsonl").read_bytes().startswith(fixture)
+
+
+def test_full_gsm8k_test_split_loads_every_row(gsm8k_full_dir, gsm8k_dir):
+    result = load_examples(str(gsm8k_full_dir), "test")
+    assert len(result.examples) == 1319 and result.skipped == {}
+    assert result.examples[146].ground_truth == "2125"  # written "2,125"
+    fixture = (gsm8k_dir / "test.jsonl").read_bytes()
+    assert (gsm8k_full_dir / "test.jsonl").read_bytes().startswith(fixture)
 
 
 def _write_jsonl(path: Path, lines: list[str]) -> None:
@@ -198,7 +228,6 @@ def test_r1_zero_prompt_text_is_exact():
         format_prompt("Q", template="no_such_template")
 
 
-@needs_gsm8k
 def test_format_sft_target_on_real_rows(gsm8k_train):
     first = format_sft_target(gsm8k_train.examples[0].solution)
     assert first == (" Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips "
@@ -206,8 +235,8 @@ def test_format_sft_target_on_real_rows(gsm8k_train):
     second = format_sft_target(gsm8k_train.examples[1].solution)
     assert second == (" Weng earns 12/60 = $0.2 per minute.\nWorking 50 minutes, she earned "
                       "0.2 x 50 = $10. </think> <answer> 10 </answer>")
-    assert format_sft_target(gsm8k_train.examples[345].solution).endswith("<answer> 1080 </answer>")
-    for example in gsm8k_train.examples[:200]:
+    assert format_sft_target(gsm8k_train.examples[21].solution).endswith("<answer> 1080 </answer>")
+    for example in gsm8k_train.examples:
         target = format_sft_target(example.solution)
         assert "<<" not in target and "####" not in target
         assert target.endswith(f"</think> <answer> {example.ground_truth} </answer>")

@@ -13,8 +13,6 @@ from rlft.data import Example
 from rlft.roles.evaluator import RESULTS_FILE, SUMMARY_FILE, pass_at_k, score_responses, write_results
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-GSM8K_TEST = SHARED / "data" / "gsm8k" / "test.jsonl"
 
 
 def right(answer):
@@ -187,10 +185,10 @@ def test_evaluate_samples_k_per_question_in_batches(tiny_model, one_thread):
         evaluate(engine, tokenizer, [], spec=spec)
 
 
-@pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="shared GSM8K test split not present")
-def test_cli_end_to_end_tiny_model(tiny_model, tmp_path):
+def test_cli_end_to_end_tiny_model(tiny_model, tmp_path, gsm8k_dir):
+    gsm8k_test = gsm8k_dir / "test.jsonl"  # 32 rows; the command scores the first 20
     out = tmp_path / "eval"
-    proc = run_cli(["--model", tiny_model, "--data", str(GSM8K_TEST), "--num-examples", "20",
+    proc = run_cli(["--model", tiny_model, "--data", str(gsm8k_test), "--num-examples", "20",
                     "--max-tokens", "16", "--backend", "hf", "--batch-size", "8", "--out", str(out),
                     "--no-progress"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -199,7 +197,7 @@ def test_cli_end_to_end_tiny_model(tiny_model, tmp_path):
 
     rows = [json.loads(line) for line in (out / RESULTS_FILE).read_text().splitlines()]
     assert len(rows) == 20
-    source = [json.loads(line) for line in GSM8K_TEST.read_text().splitlines()[:20]]
+    source = [json.loads(line) for line in gsm8k_test.read_text().splitlines()[:20]]
     assert [r["question"] for r in rows] == [s["question"] for s in source]
     assert [r["ground_truth"] for r in rows] == [s["answer"].rsplit("####", 1)[1].strip().replace(",", "")
                                                   for s in source]

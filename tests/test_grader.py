@@ -2,6 +2,7 @@
 
 import os
 import time
+from fractions import Fraction
 
 import pytest
 
@@ -13,6 +14,7 @@ from rlft.grader import (
     extract_boxed,
     grade_batch,
     normalize_number,
+    parse_number_form,
     r1_zero_reward_fn,
 )
 
@@ -58,11 +60,12 @@ RIGHT_CASES = [
     ("25%", "25"),  # GSM8K stores percentages as bare numbers
     ("25\\%", "0.25"),
     ("123456789012345678901234567890", "123456789012345678901234567890"),
-    ("\\frac{1}{2}", "0.5"),  # symbolic path (math_verify in a worker)
+    ("\\frac{1}{2}", "0.5"),  # a fraction is a number form
     ("0.5", "\\frac{1}{2}"),
     ("\\dfrac{3}{6}", "0.5"),
-    ("\\sqrt{16}", "4"),
-    ("2^{3}", "8"),
+    ("2\\sqrt{2}", "\\sqrt{8}"),  # symbolic path (math_verify in a worker): the gold is no number
+    ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"),
+    ("1+x", "x+1"),
     ("18", 18),  # int ground truth
     ("0.5", 0.5),  # float ground truth
     ("100000000000000000000", 1e20),  # float ground truth compared exactly
@@ -89,6 +92,9 @@ WRONG_CASES = [
     ("18 or 19", "18"),  # hedging is not an answer
     ("\\frac{1}{3}", "0.5"),
     ("\\sqrt{5}", "2"),
+    ("\\sqrt{16}", "4"),  # arithmetic left undone is no number (see ARITHMETIC_ANSWERS)
+    ("2^{3}", "8"),
+    ("\\sqrt{5}", "\\sqrt{8}"),
     ("x", "18"),
     ("eighteen", "18"),
     ("18", ["17", "19"]),
@@ -99,6 +105,103 @@ WRONG_CASES = [
 @pytest.mark.parametrize("answer,ground_truth", WRONG_CASES)
 def test_wrong_answers_score_zero_with_format_credit(answer, ground_truth):
     assert r1_zero_reward_fn(respond(answer), ground_truth) == WRONG
+
+
+# --------------------------------------------------------------------------- number forms only
+
+# A numeric ground truth is matched only by an answer written as a number (issue: "16+2" for 18
+# was credited because math_verify evaluated it).
+NUMBER_FORMS = [
+    ("18", ["18", "18.0", "+18", "$18", "\\$18", "$18$", "18.", " 18 ", "**18**", "18 dollars",
+            "18 apples", "\\text{18}", "18 \\text{ apples}", "\\boxed{18}", "\\boxed{\\$18}",
+            "So the answer is \\boxed{18}.", "x = 18", "= 18", "18.00"]),
+    ("1000", ["1000", "1,000", "1{,}000", "1\\,000", "$1,000.00", "\\boxed{1,000}"]),
+    ("0.5", ["0.5", ".5", "1/2", "2/4", "\\frac{1}{2}", "\\dfrac{1}{2}", "\\tfrac{1}{2}", "\\frac12",
+             "\\frac{ 1 }{ 2 }", "\\boxed{\\frac{1}{2}}", "50%", "50\\%"]),
+    ("-0.75", ["-0.75", "-3/4", "-\\frac{3}{4}", "\\frac{-3}{4}", "\u2212\\frac{3}{4}"]),
+    ("50", ["50", "50%", "50\\%", "50 percent"]),
+    ("\\frac{1}{3}", ["1/3", "\\frac{2}{6}"]),
+    ("\\frac{36}{2}", ["18"]),  # a ground truth may be written as a whole-number fraction
+]
+
+ARITHMETIC_ANSWERS = [
+    ("18", ["16+2", "16 + 2", "20-2", "2*9", "2 * 9", "2 \\times 9", "2 \\cdot 9", "2(9)", "18 + 0",
+            "18+0", "18 \\times 1", "18^1", "36/2", "36 / 2", "\\frac{36}{2}", "\\dfrac{36}{2}", "18/1",
+            "\\boxed{16+2}", "$16+2$", "\\sqrt{324}", "sqrt(324)", "abs(-18)", "-(-18)", "16+2 = 18",
+            "2 \\times 9 = 18", "x = 16+2", "(18)", "\\left(18\\right)", "1.8e1", "1.8 \\times 10^{1}",
+            "\\lceil 17.5 \\rceil", "\\boxed{2 \\times 9}"]),
+    ("81", ["9**2", "9^2", "9^{2}", "3^4", "81^{1}", "\\frac{162}{2}"]),
+    ("6", ["3!", "\\binom{4}{2}", "\\frac{12}{2}"]),
+    ("0.5", ["1/(2)", "\\frac{1}{1+1}", "1.5/3", "\\sin(\\pi/6)", "1 - 1/2", "\\frac{1}{2} + 0"]),
+    ("2.5", ["2 1/2", "2\\frac{1}{2}"]),  # mixed numbers are ambiguous: 2\\frac{1}{2} reads as 1
+    ("0", ["1/0", "0/5"]),
+]
+
+
+@pytest.mark.parametrize(
+    "gold,answer", [(gold, answer) for gold, answers in NUMBER_FORMS for answer in answers]
+)
+def test_every_number_form_of_the_answer_is_credited(gold, answer):
+    assert r1_zero_reward_fn(respond(answer), gold) == RIGHT
+    assert default_grader().last_batch_stats.in_process == 1  # decided without math_verify
+
+
+@pytest.mark.parametrize(
+    "gold,answer", [(gold, answer) for gold, answers in ARITHMETIC_ANSWERS for answer in answers]
+)
+def test_arithmetic_left_undone_is_not_credited(gold, answer):
+    assert r1_zero_reward_fn(respond(answer), gold) == WRONG
+    stats = default_grader().last_batch_stats
+    assert (stats.in_process, stats.symbolic) == (1, 0)  # never handed to math_verify
+
+
+def test_number_forms_in_one_batch_are_graded_without_workers():
+    pairs = [(a, g) for g, answers in NUMBER_FORMS for a in answers]
+    wrong = [(a, g) for g, answers in ARITHMETIC_ANSWERS for a in answers]
+    with Grader(workers=1) as grader:
+        grades = grader.grade_batch([respond(a) for a, _ in pairs + wrong], [g for _, g in pairs + wrong])
+        assert grades == [RIGHT] * len(pairs) + [WRONG] * len(wrong)
+        assert grader.num_workers == 0
+
+
+def test_fast_false_never_credits_arithmetic():
+    # fast=False sends two numbers to math_verify for rounding, never an expression.
+    assert r1_zero_reward_fn(respond("16+2"), "18", fast=False) == WRONG
+    assert r1_zero_reward_fn(respond("\\sqrt{324}"), "18", fast=False) == WRONG
+    assert r1_zero_reward_fn(respond("1/3"), "0.3333333", fast=False) == RIGHT
+
+
+def test_expressions_still_match_a_symbolic_ground_truth():
+    assert r1_zero_reward_fn(respond("\\sqrt{8}"), "2\\sqrt{2}") == RIGHT
+    assert default_grader().last_batch_stats.symbolic == 1
+    assert r1_zero_reward_fn(respond("16+2"), "x+2") == WRONG
+    # A list of golds mixes both rules: the number gold needs a number, the other goes symbolic.
+    assert r1_zero_reward_fn(respond("2\\sqrt{2}"), ["2.83", "\\sqrt{8}"]) == RIGHT
+    assert r1_zero_reward_fn(respond("16+2"), ["18", "\\sqrt{8}"]) == WRONG
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("18", (Fraction(18), False)),
+        ("\\boxed{-\\frac{3}{4}}", (Fraction(-3, 4), False)),
+        ("25\\%", (Fraction(25), True)),
+        ("3/4 cup", (Fraction(3, 4), False)),
+        ("y = 1,000.5", (Fraction(2001, 2), False)),
+        ("36/2", None),
+        ("16+2", None),
+        ("1/0", None),
+        ("2\\frac{1}{2}", None),
+        ("1e3", None),
+    ],
+)
+def test_parse_number_form(text, expected):
+    assert parse_number_form(text) == expected
+
+
+def test_parse_number_form_reads_whole_fractions_for_ground_truths():
+    assert parse_number_form("\\frac{36}{2}") is None
+    assert parse_number_form("\\frac{36}{2}", whole_fractions=True) == (Fraction(18), False)
 
 
 def test_fast_false_lets_math_verify_round_numbers():
@@ -187,12 +290,13 @@ def hostile_answers(marker):
     ]
 
 
+@pytest.mark.parametrize("gold", ["81", "9^{2}"])  # a number; an expression (symbolic path)
 @pytest.mark.parametrize("index", range(len(hostile_answers("marker"))))
-def test_hostile_answer_scores_zero_quickly_and_runs_nothing(tmp_path, index):
+def test_hostile_answer_scores_zero_quickly_and_runs_nothing(tmp_path, index, gold):
     marker = tmp_path / "pwned_x"
     answer = hostile_answers(marker)[index]
     t0 = time.monotonic()
-    result = r1_zero_reward_fn(respond(answer), "81")
+    result = r1_zero_reward_fn(respond(answer), gold)
     elapsed = time.monotonic() - t0
     assert result == WRONG
     assert elapsed < HOSTILE_SECONDS
@@ -208,7 +312,7 @@ def test_total_timeout_zeroes_and_counts_unfinished_items():
     t0 = time.monotonic()
     results = grade_batch(
         [respond(RUNAWAY), respond("18"), respond(RUNAWAY), respond(RUNAWAY)],
-        ["7", "18", "7", "7"],
+        ["\\sqrt{7}", "18", "\\sqrt{7}", "\\sqrt{7}"],
         timeout_per_item=30.0,
         total_timeout=1.0,
         workers=1,
@@ -229,7 +333,7 @@ def test_runaway_check_is_killed_at_its_deadline_and_pool_recovers():
     grader.start(1)
     pids_before = set(grader.worker_pids)
     t0 = time.monotonic()
-    assert r1_zero_reward_fn(respond("\\sum_{k=1}^{999} k^{999}"), "7") == WRONG
+    assert r1_zero_reward_fn(respond("\\sum_{k=1}^{999} k^{999}"), "\\sqrt{7}") == WRONG
     elapsed = time.monotonic() - t0
     assert 1.0 <= elapsed < HOSTILE_SECONDS  # it ran to the 1 s deadline, then was cut off
     assert grader.last_batch_stats.timed_out == 1
@@ -238,7 +342,7 @@ def test_runaway_check_is_killed_at_its_deadline_and_pool_recovers():
     with pytest.raises(ProcessLookupError):
         os.kill(killed.pop(), 0)
     assert grader.num_workers == 2  # a replacement was started at once
-    assert r1_zero_reward_fn(respond("\\frac{6}{4}"), "1.5") == RIGHT
+    assert r1_zero_reward_fn(respond("\\sqrt{8}"), "2\\sqrt{2}") == RIGHT
 
 
 def test_safety_filter():
@@ -265,19 +369,20 @@ def test_grade_batch_matches_per_item_calls_and_is_bounded(tmp_path):
         + [(respond(a), g) for a, g in WRONG_CASES]
         + [(r, "18") for r, _ in FORMAT_CASES]
         + [(respond(a), "81") for a in hostile]
+        + [(respond(a), "9^{2}") for a in hostile]
     )
     expected = (
         [RIGHT] * len(RIGHT_CASES)
         + [WRONG] * len(WRONG_CASES)
         + [e for _, e in FORMAT_CASES]
-        + [WRONG] * len(hostile)
+        + [WRONG] * (2 * len(hostile))
     )
     singles = [r1_zero_reward_fn(r, g) for r, g in cases]
     assert singles == expected
 
     # The batch adds a runaway check, which a worker starts and is killed for at 1 s.
     responses = [r for r, _ in cases] + [respond(RUNAWAY)]
-    truths = [g for _, g in cases] + ["7"]
+    truths = [g for _, g in cases] + ["\\sqrt{7}"]
     assert len(responses) >= 60
     t0 = time.monotonic()
     batch = grade_batch(responses, truths, total_timeout=20.0)
@@ -286,8 +391,8 @@ def test_grade_batch_matches_per_item_calls_and_is_bounded(tmp_path):
     assert not marker.exists()
     stats = default_grader().last_batch_stats
     assert stats.graded == len(responses) and stats.unfinished == 0
-    # Every hostile answer but the over-long (3) and unbalanced-box (1) ones is refused by the
-    # safety filter before parsing.
+    # Against "81" every hostile answer is wrong at once (no number). Against "9^{2}" every one but
+    # the over-long (3) and unbalanced-box (1) ones is refused by the safety filter before parsing.
     assert stats.rejected == len(hostile) - 4
     # The runaway must hit its deadline; on a loaded machine an ordinary check may too.
     assert stats.timed_out >= 1

@@ -21,7 +21,6 @@ from rlft.train_sft import main as sft_main
 from tiny_models import tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 TINY_CONFIG = ROOT / "launch" / "configs" / "sft_cpu_tiny.yaml"
 
 
@@ -193,18 +192,18 @@ def _steps(out: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def sft_run(tmp_path_factory, tiny_model):
+def sft_run(tmp_path_factory, tiny_model, gsm8k_dir):
     out = tmp_path_factory.mktemp("sft") / "run"
-    proc, seconds = _launch("sft.sh", TINY_CONFIG, [f"model.path={tiny_model}", f"data.source={GSM8K}",
+    proc, seconds = _launch("sft.sh", TINY_CONFIG, [f"model.path={tiny_model}", f"data.source={gsm8k_dir}",
                                                     f"output.dir={out}"])
     print(f"sft.sh ({TINY_SFT.max_steps} steps, 2 ranks): {seconds:.1f} s")
     assert proc.returncode == 0, f"launch/sft.sh failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
     return out, proc.stdout + proc.stderr
 
 
-def _slice_pairs(tokenizer):
+def _slice_pairs(tokenizer, gsm8k_dir):
     """The run's training pairs, rebuilt here: the first 10 train rows, those within 450 tokens."""
-    rows = load_examples(str(GSM8K), "train", size=TINY_SFT.train_size).examples
+    rows = load_examples(str(gsm8k_dir), "train", size=TINY_SFT.train_size).examples
     return rows, build_sft_data(rows, tokenizer, max_seq_len=TINY_SFT.max_seq_len)
 
 
@@ -218,11 +217,11 @@ def _response_nll(model, tokenizer, data, indices) -> float:
     return float(-(logp * mask).sum() / mask.sum())
 
 
-def test_sft_run_skips_long_rows_and_lowers_the_loss(sft_run, tokenizer, tiny_model):
+def test_sft_run_skips_long_rows_and_lowers_the_loss(sft_run, tokenizer, tiny_model, gsm8k_dir):
     from transformers import AutoModelForCausalLM
 
     out, logs = sft_run
-    rows, data = _slice_pairs(tokenizer)
+    rows, data = _slice_pairs(tokenizer, gsm8k_dir)
     # The skipped count, worked out independently: rows longer than 450 tokens with the template.
     too_long = sum(_n_tokens(tokenizer, format_prompt(r.question), format_sft_target(r.solution))
                    > TINY_SFT.max_seq_len for r in rows)
@@ -248,7 +247,7 @@ def test_sft_run_skips_long_rows_and_lowers_the_loss(sft_run, tokenizer, tiny_mo
     assert epoch3 < epoch1 - 0.5, (epoch1, epoch3)
 
 
-def test_sft_run_writes_checkpoints_eval_and_a_loadable_model(sft_run, tokenizer, tiny_model):
+def test_sft_run_writes_checkpoints_eval_and_a_loadable_model(sft_run, tokenizer, tiny_model, gsm8k_dir):
     from transformers import AutoModelForCausalLM
 
     out, _ = sft_run
@@ -265,7 +264,7 @@ def test_sft_run_writes_checkpoints_eval_and_a_loadable_model(sft_run, tokenizer
     assert 0.0 <= by_step[6]["eval/accuracy"] <= 1.0 and "time/sync" in by_step[6]
 
     # The HF export: from_pretrained opens it, it is the trained model (the training pairs' NLL fell).
-    _, data = _slice_pairs(tokenizer)
+    _, data = _slice_pairs(tokenizer, gsm8k_dir)
     trained = AutoModelForCausalLM.from_pretrained(out / "model", dtype=torch.float32)
     init = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     everything = list(range(len(data)))
@@ -276,7 +275,7 @@ def test_sft_run_writes_checkpoints_eval_and_a_loadable_model(sft_run, tokenizer
     check_init_checkpoint(str(out / "model"))
 
 
-def test_sft_resumes_mid_epoch_exactly(sft_run, tmp_path, tiny_model):
+def test_sft_resumes_mid_epoch_exactly(sft_run, tmp_path, tiny_model, gsm8k_dir):
     """Drop everything after the step-3 checkpoint (mid-epoch: 1 of epoch 1's 2 batches done) and
     launch again: steps 4-6 draw the same batches and reach the same losses and weights."""
     import shutil
@@ -290,7 +289,7 @@ def test_sft_resumes_mid_epoch_exactly(sft_run, tmp_path, tiny_model):
     shutil.rmtree(out / "model")
     state = json.loads((out / "checkpoints" / "step_000003" / "trainer_state.json").read_text())
     assert (state["prompt_sampler"]["epoch"], state["prompt_sampler"]["position"]) == (1, 3)
-    proc, seconds = _launch("sft.sh", TINY_CONFIG, [f"model.path={tiny_model}", f"data.source={GSM8K}",
+    proc, seconds = _launch("sft.sh", TINY_CONFIG, [f"model.path={tiny_model}", f"data.source={gsm8k_dir}",
                                                     f"output.dir={out}"])
     print(f"sft.sh (resumed at step 3): {seconds:.1f} s")
     assert proc.returncode == 0, f"launch/sft.sh failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
@@ -306,7 +305,7 @@ def test_sft_resumes_mid_epoch_exactly(sft_run, tmp_path, tiny_model):
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
-def test_grpo_starts_from_the_sft_model(sft_run, tmp_path, tiny_model):
+def test_grpo_starts_from_the_sft_model(sft_run, tmp_path, tiny_model, gsm8k_dir):
     """One GRPO step from OUT/model (2 ranks: the 2-stage policy; rank 1 also samples, refers, evaluates)."""
     from safetensors.torch import load_file
 
@@ -314,7 +313,7 @@ def test_grpo_starts_from_the_sft_model(sft_run, tmp_path, tiny_model):
     sft_model = sft_model / "model"
     out = tmp_path / "grpo"
     proc, seconds = _launch("train.sh", ROOT / "launch" / "configs" / "grpo_cpu_tiny.yaml", [
-        f"model.path={tiny_model}", f"data.source={GSM8K}", f"output.dir={out}",
+        f"model.path={tiny_model}", f"data.source={gsm8k_dir}", f"output.dir={out}",
         f"output.init_checkpoint={sft_model}", "schedule.steps=1", "schedule.evaluate_freq=0",
         "data.eval_size=1", "sampling.max_tokens=4", "topology.reference_rank=1", "topology.evaluator_rank=1",
         "topology.sampler_rank=1"])

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
 CONFIG = REPO / "launch" / "configs" / "grpo_cpu_tiny.yaml"
 
 

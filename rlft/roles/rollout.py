@@ -11,7 +11,7 @@ asynchronous rollouts belong in these two methods.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import torch
@@ -20,12 +20,16 @@ from rlft.batch import RolloutBatch, build_rollout_batch
 from rlft.common import log
 from rlft.config import RunConfig, SamplingConfig
 from rlft.data import Example, PromptSampler, load_examples
+from rlft.dynamic_sampling import GroupPool, group_rows, informative_groups
 from rlft.engines.base import RolloutEngine, SamplingSpec
 from rlft.grader import default_grader
 from rlft.grpo import compute_group_normalized_rewards
 from rlft.prompts import format_prompt
+from rlft.rewards import make_reward_fn
 
 Timer = Callable[[str], AbstractContextManager]
+# Grader counters logged per step as grader/<name>.
+GRADER_COUNTERS = ("symbolic", "custom", "errors", "timed_out", "rejected", "unfinished", "crashed")
 
 
 @dataclass
@@ -37,6 +41,18 @@ class Rollout:
     ground_truths: list[str]
     finish_reasons: list[str]
     prompts: list[str]  # per response
+
+    @classmethod
+    def empty(cls) -> "Rollout":
+        return cls([], [], [], [], [], [], [])
+
+    def extend(self, other: "Rollout") -> "Rollout":
+        """This rollout's rows followed by `other`'s."""
+        return Rollout(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def select(self, rows: list[int]) -> "Rollout":
+        """The given rows, in that order."""
+        return Rollout(*([getattr(self, f.name)[i] for i in rows] for f in fields(self)))
 
 
 def sampling_spec(cfg: SamplingConfig, *, n: int, seed: int | None, evaluation: bool = False) -> SamplingSpec:
@@ -61,8 +77,8 @@ class RolloutWorker:
     def __init__(self, cfg: RunConfig, engine: RolloutEngine, tokenizer):
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.group_size = cfg.grpo.group_size
-        self.grader = default_grader()
-        self.grader.start()  # warm the grading workers now, not in the first step
+        default_grader().start()  # warm the grading workers now, not in the first step
+        self.reward_fn = make_reward_fn(cfg.reward.fn, cfg.reward.format_weight, timeout_s=cfg.reward.timeout_s)
         self.examples = load_examples(cfg.data.source, cfg.data.train_split, size=cfg.data.train_size,
                                       seed=cfg.seed).examples
         prompts_per_step = cfg.optim.rollout_batch_size // self.group_size
@@ -74,31 +90,57 @@ class RolloutWorker:
 
     def collect(self, step: int, timed: Timer = _untimed) -> tuple[RolloutBatch, dict]:
         """The step's graded batch with its advantages, and what to log about it (timed as the
-        phases "sample" and "grade")."""
-        cfg = self.cfg
-        with timed("sample"):
-            indices = self.prompts.next_batch()
-            rollout = self.generate([self.examples[i] for i in indices], seed=cfg.seed * 1_000_003 + step)
+        phases "sample" and "grade").
+
+        Without dynamic sampling this is one round: the next prompts, `group_size` responses each.
+        With `grpo.dynamic_sampling`, rounds of fresh prompts follow until the batch holds its
+        number of groups with differing rewards (at most `grpo.max_sampling_rounds` rounds); the
+        batch always has the configured size (see `rlft.dynamic_sampling`).
+        """
+        cfg, g = self.cfg, self.cfg.grpo
+        rounds = g.max_sampling_rounds if g.dynamic_sampling else 1
+        pool = GroupPool(target_groups=self.prompts.batch_size)
+        rollout, grades, examples = Rollout.empty(), [], []
+        metrics = dict.fromkeys((f"grader/{k}" for k in GRADER_COUNTERS), 0.0)
+        for r in range(rounds):
+            with timed("sample"):
+                round_examples = [self.examples[i] for i in self.prompts.next_batch()]
+                part = self.generate(round_examples, seed=cfg.seed * 1_000_003 + step + 7919 * r,
+                                     keep_awake=r + 1 < rounds)
+            with timed("grade"):
+                part_grades, counts = self.grade(part)
+            for k, v in counts.items():
+                metrics[k] += v
+            rollout, grades, examples = rollout.extend(part), grades + part_grades, examples + round_examples
+            pool.add_round(informative_groups(torch.tensor([x["reward"] for x in part_grades]), self.group_size))
+            if pool.full:
+                break
+        if cfg.sampling.vllm.sleep_mode:
+            self.engine.sleep()  # give the GPU's memory to the policy until the next sync
+        if g.dynamic_sampling:
+            metrics.update(pool.stats())
+            metrics.update(all_rollouts_metrics(grades))
+            chosen = pool.selection()
+            rows = group_rows(chosen, self.group_size)
+            rollout, grades, examples = rollout.select(rows), [grades[i] for i in rows], [examples[i] for i in chosen]
         with timed("grade"):
-            grades, metrics = self.grade(rollout)
             batch, reward_stats = self.to_batch(rollout, grades)
             metrics["epoch_ended"] = self.prompts.epoch_done
         metrics.update(rollout_metrics(rollout, grades, batch, reward_stats))
-        metrics["prompt_indices"] = indices
+        metrics["prompt_indices"] = [ex.index for ex in examples]
         every = cfg.schedule.log_samples_every
         if every and step % every == 0:
-            metrics["samples"] = self.samples(indices, rollout, grades)
+            metrics["samples"] = self.samples(examples, rollout, grades)
         return batch, metrics
 
-    def generate(self, examples: list[Example], seed: int) -> Rollout:
-        """`group_size` responses to each example's prompt."""
+    def generate(self, examples: list[Example], seed: int, keep_awake: bool = False) -> Rollout:
+        """`group_size` responses to each example's prompt (the engine stays awake with `keep_awake`,
+        for another round of the same step)."""
         prompts = [format_prompt(ex.question, self.cfg.data.prompt_template) for ex in examples]
         prompt_ids = [list(ids) for ids in self.tokenizer(prompts)["input_ids"]]
         self.engine.wake()
         groups = self.engine.generate(prompt_ids, sampling_spec(self.cfg.sampling, n=self.group_size, seed=seed))
-        if self.cfg.sampling.vllm.sleep_mode:
-            self.engine.sleep()  # give the GPU's memory to the policy until the next sync
-        out = Rollout([], [], [], [], [], [], [])
+        out = Rollout.empty()
         for ex, text, ids, group in zip(examples, prompts, prompt_ids, groups):
             if len(group) != self.group_size:
                 raise RuntimeError(f"rollout engine returned {len(group)} completions for a prompt, "
@@ -114,12 +156,11 @@ class RolloutWorker:
         return out
 
     def grade(self, rollout: Rollout) -> tuple[list[dict], dict]:
-        """The reward of every response (`r1_zero_reward_fn`: format + answer), and the grader's
-        counts for the log."""
-        grades = self.grader.grade_batch(rollout.responses, rollout.ground_truths)
-        stats = self.grader.last_batch_stats
-        return grades, {f"grader/{k}": float(getattr(stats, k))
-                        for k in ("symbolic", "timed_out", "rejected", "unfinished", "crashed")}
+        """The reward of every response (`reward.fn`, by default `r1_zero_reward_fn`: format +
+        answer; plus `reward.format_weight` x format), and the grader's counts for the log."""
+        grades = self.reward_fn(rollout.responses, rollout.ground_truths)
+        stats = self.reward_fn.last_batch_stats
+        return grades, {f"grader/{k}": float(getattr(stats, k)) for k in GRADER_COUNTERS}
 
     def to_batch(self, rollout: Rollout, grades: list[dict]) -> tuple[RolloutBatch, dict]:
         """Group-normalised advantages and the padded batch the policy trains on."""
@@ -133,10 +174,10 @@ class RolloutWorker:
         batch.advantages, batch.raw_rewards = advantages, raw_rewards
         return batch, reward_stats
 
-    def samples(self, indices: list[int], rollout: Rollout, grades: list[dict]) -> list[dict]:
-        """A few completions, spread over the batch, for the log."""
+    def samples(self, examples: list[Example], rollout: Rollout, grades: list[dict]) -> list[dict]:
+        """A few completions, spread over the batch, for the log (`examples`: one per group)."""
         n = self.cfg.schedule.num_logged_samples
-        return [{"question": self.examples[indices[i // self.group_size]].question, "response": rollout.responses[i],
+        return [{"question": examples[i // self.group_size].question, "response": rollout.responses[i],
                  "ground_truth": rollout.ground_truths[i], **grades[i]}
                 for i in range(0, len(grades), max(1, len(grades) // n))][:n]
 
@@ -147,6 +188,15 @@ class RolloutWorker:
 
     def load_state_dict(self, state: dict) -> None:
         self.prompts.load_state_dict(state)
+
+
+def all_rollouts_metrics(grades: list[dict]) -> dict:
+    """Rewards over every response generated in the step, kept or dropped by dynamic sampling (the
+    batch's own reward/* are biased towards groups with differing rewards)."""
+    n = max(1, len(grades))
+    return {"dynamic_sampling/reward_all": sum(g["reward"] for g in grades) / n,
+            "dynamic_sampling/format_all": sum(g["format_reward"] for g in grades) / n,
+            "dynamic_sampling/answer_all": sum(g["answer_reward"] for g in grades) / n}
 
 
 def rollout_metrics(rollout: Rollout, grades: list[dict], batch: RolloutBatch, reward_stats: dict) -> dict:

@@ -1,0 +1,123 @@
+"""Summarise a `benchmarks/learning.sh` output directory: held-out accuracy before/after GRPO with
+significance tests, reward curves as PNG, and `learning.json`.
+
+    python benchmarks/learning_summary.py OUT [--demo RUN_DIR] [--json PATH]
+
+Before = the evaluation at step 0 of the GRPO run (the SFT model, same engine and settings),
+after = its last evaluation.  Two tests, both two-sided:
+* the two-proportion z-test (pooled), treating the two evaluations as independent samples;
+* McNemar's exact test on the same questions (paired: only questions whose outcome changed count).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlft.curves import plot_runs, read_evals, read_steps, summarize  # noqa: E402
+
+
+def two_proportion_p(k1: int, n1: int, k2: int, n2: int) -> float:
+    """Two-sided p-value of the pooled two-proportion z-test (1.0 when both rates are 0 or 1)."""
+    p = (k1 + k2) / (n1 + n2)
+    se = math.sqrt(p * (1 - p) * (1 / n1 + 1 / n2))
+    if se == 0:
+        return 1.0
+    z = (k2 / n2 - k1 / n1) / se
+    return math.erfc(abs(z) / math.sqrt(2))
+
+
+def mcnemar_exact_p(gained: int, lost: int) -> float:
+    """Two-sided exact McNemar p-value: binomial(gained + lost, 1/2) tail, doubled, capped at 1."""
+    n = gained + lost
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(0, min(gained, lost) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def correct_by_question(eval_dir: Path) -> dict[int, bool]:
+    out = {}
+    for line in (eval_dir / "results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        out[r["index"]] = r["answer_reward"] >= 1.0
+    return out
+
+
+def compare(run_dir: Path) -> dict | None:
+    evals = read_evals(run_dir)
+    if len(evals) < 2:
+        return None
+    (s0, first), (s1, last) = evals[0], evals[-1]
+    n0, n1 = first["num_examples"], last["num_examples"]
+    k0, k1 = round(first["accuracy"] * n0), round(last["accuracy"] * n1)
+    out = {"n": n1, "before": first["accuracy"], "after": last["accuracy"], "before_step": s0, "after_step": s1,
+           "p_value": two_proportion_p(k0, n0, k1, n1), "format_before": first.get("format_rate"),
+           "format_after": last.get("format_rate")}
+    try:
+        a = correct_by_question(run_dir / "eval" / f"step_{s0:06d}")
+        b = correct_by_question(run_dir / "eval" / f"step_{s1:06d}")
+        gained = sum(1 for i in a if i in b and b[i] and not a[i])
+        lost = sum(1 for i in a if i in b and a[i] and not b[i])
+        out.update(gained=gained, lost=lost, p_value_mcnemar=mcnemar_exact_p(gained, lost))
+    except (OSError, KeyError, json.JSONDecodeError):
+        pass
+    return out
+
+
+def step_stats(run_dir: Path) -> dict:
+    steps = read_steps(run_dir)
+    s = summarize(steps, read_evals(run_dir))
+
+    def mean(key):
+        vals = [r[key] for r in steps if isinstance(r.get(key), (int, float))]
+        return sum(vals) / len(vals) if vals else None
+    s.update(zero_variance_group_fraction=mean("batch/zero_variance_group_fraction"),
+             groups_generated_per_step=mean("dynamic_sampling/groups_generated"),
+             groups_informative_per_step=mean("dynamic_sampling/groups_informative"),
+             sampling_rounds_per_step=mean("dynamic_sampling/rounds"),
+             seconds_per_step=mean("time/step"))
+    return s
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("out")
+    p.add_argument("--demo", help="a CPU demo run directory to include as demo_cpu")
+    p.add_argument("--json", help="where to write learning.json (default OUT/learning.json)")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    result: dict = {}
+    for key, run in (("gsm8k", out / "grpo_gsm8k"), ("easy", out / "grpo_easy")):
+        if not (run / "steps.jsonl").is_file():
+            continue
+        entry = compare(run) or {}
+        stats = step_stats(run)
+        entry.update(steps=stats["steps"], training=stats)
+        cfg = run / "config.yaml"
+        if cfg.is_file():
+            import yaml
+
+            c = yaml.safe_load(cfg.read_text())
+            entry["data"] = c["data"]["source"]
+            if key == "easy":
+                entry["task"] = c["data"]["source"]
+        result[key] = entry
+        png = plot_runs([run], out / f"reward_curve_{key}.png", title=f"GRPO on {key}")
+        print(f"{key}: {json.dumps({k: v for k, v in entry.items() if k != 'training'})}\n  curve: {png}")
+    if args.demo:
+        s = summarize(read_steps(args.demo), read_evals(args.demo))
+        result["demo_cpu"] = {k: s.get(k) for k in ("steps", "reward_first", "reward_last", "accuracy_first",
+                                                     "accuracy_last")}
+    path = Path(args.json) if args.json else out / "learning.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

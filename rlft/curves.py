@@ -1,0 +1,145 @@
+"""Learning curves of a run: a PNG next to its TensorBoard logs and a one-line before/after summary.
+
+    python -m rlft.curves runs/demo              # writes runs/demo/reward_curve.png, prints the summary
+    python -m rlft.curves runs/a runs/b --out curves.png --json summary.json
+
+Reads only what a run writes anyway (`steps.jsonl`, `eval/*/summary.json`), so it works on a live
+run, a finished one, or records copied off another machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+# (key in steps.jsonl, label) of the curves drawn, in order; absent keys are skipped.
+CURVES = (("reward/mean", "reward"), ("reward/answer", "answer"), ("reward/format", "format"))
+
+
+def read_steps(run_dir: str | Path) -> list[dict]:
+    """The run's step records, one per step (the last record wins where a step repeats, as after a
+    resume from an older checkpoint); a torn last line of a live run is ignored."""
+    path = Path(run_dir) / "steps.jsonl"
+    by_step: dict[int, dict] = {}
+    if not path.is_file():
+        return []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            by_step[rec["step"]] = rec
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def read_evals(run_dir: str | Path) -> list[tuple[int, dict]]:
+    """(step, summary) of every held-out evaluation the run wrote, in step order."""
+    out = []
+    for summary in sorted((Path(run_dir) / "eval").glob("step_*/summary.json")):
+        try:
+            out.append((int(summary.parent.name.removeprefix("step_")), json.loads(summary.read_text())))
+        except (ValueError, json.JSONDecodeError):
+            continue
+    return sorted(out, key=lambda x: x[0])
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """Trailing mean over up to `window` values (the first points average what exists so far)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def summarize(steps: list[dict], evals: list[tuple[int, dict]], *, edge: int | None = None) -> dict:
+    """Reward of the first vs the last `edge` steps (a third of the run, 1 to 5 steps), and held-out
+    accuracy of the first vs the last evaluation."""
+    rewards = [float(s["reward/mean"]) for s in steps if isinstance(s.get("reward/mean"), (int, float))]
+    out: dict = {"steps": len(rewards)}  # training steps (a step-0 record holds only an evaluation)
+    if rewards:
+        k = edge or max(1, min(5, len(rewards) // 3))
+        out.update(edge_steps=k, reward_first=sum(rewards[:k]) / k, reward_last=sum(rewards[-k:]) / k)
+    if evals:
+        (s0, first), (s1, last) = evals[0], evals[-1]
+        out.update(eval_first_step=s0, eval_last_step=s1, accuracy_first=first.get("accuracy"),
+                   accuracy_last=last.get("accuracy"), eval_n=last.get("num_examples", last.get("n")))
+    return out
+
+
+def summary_line(name: str, s: dict) -> str:
+    parts = [f"{name}: {s['steps']} steps"]
+    if "reward_first" in s:
+        parts.append(f"reward {s['reward_first']:.3f} (first {s['edge_steps']}) -> {s['reward_last']:.3f} "
+                     f"(last {s['edge_steps']})")
+    if s.get("accuracy_first") is not None:
+        parts.append(f"held-out accuracy {s['accuracy_first']:.3f} (step {s['eval_first_step']}) -> "
+                     f"{s['accuracy_last']:.3f} (step {s['eval_last_step']})")
+    return " | ".join(parts)
+
+
+def plot_runs(runs: list[str | Path], out_png: str | Path, *, title: str | None = None, window: int = 5) -> Path:
+    """One panel of reward curves (raw and smoothed) per run, held-out accuracy as markers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(6.4 * len(runs), 4.2), squeeze=False)
+    for ax, run in zip(axes[0], runs):
+        steps, evals = read_steps(run), read_evals(run)
+        x = [s["step"] for s in steps]
+        for i, (key, label) in enumerate(CURVES):
+            y = [s.get(key) for s in steps]
+            if not any(isinstance(v, (int, float)) for v in y):
+                continue
+            y = [float(v) if isinstance(v, (int, float)) and math.isfinite(v) else 0.0 for v in y]
+            color = f"C{i}"
+            ax.plot(x, y, color=color, alpha=0.25, linewidth=1)
+            ax.plot(x, moving_average(y, window), color=color, linewidth=2, label=f"{label} (train, mean of {window})")
+        if evals:
+            ax.plot([s for s, _ in evals], [e.get("accuracy", 0.0) for _, e in evals], "ks--", markersize=5,
+                    label="held-out accuracy")
+        ax.set_xlabel("step")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.set_title(title or Path(run).name)
+        ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rlft.curves", description=__doc__.split("\n")[0])
+    p.add_argument("runs", nargs="+", help="run output directories (each holds steps.jsonl)")
+    p.add_argument("--out", help="PNG path (default: RUN/reward_curve.png for a single run)")
+    p.add_argument("--json", help="also write the summaries here")
+    p.add_argument("--title")
+    args = p.parse_args(argv)
+    missing = [r for r in args.runs if not (Path(r) / "steps.jsonl").is_file()]
+    if missing:
+        print(f"rlft.curves: no steps.jsonl in {', '.join(missing)}")
+        return 2
+    out = args.out or (str(Path(args.runs[0]) / "reward_curve.png") if len(args.runs) == 1 else None)
+    if out is None:
+        p.error("--out is needed with several runs")
+    summaries = {}
+    for r in args.runs:
+        summaries[str(r)] = summarize(read_steps(r), read_evals(r))
+        print(summary_line(str(r), summaries[str(r)]))
+    print(f"reward curve: {plot_runs(args.runs, out, title=args.title)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summaries, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
