@@ -93,13 +93,6 @@ class GRPOConfig:
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 4
 
-
-@dataclass
-class RewardConfig:
-    fn: str = "rlft.grader:r1_zero_reward_fn"  # the original R1-Zero reward: 1 = right format and answer
-    format_weight: float = 0.0  # shaping: + weight x format reward (0 = the original reward)
-    timeout_s: float = 1.0  # per response: a check that takes longer scores 0 and is counted
-
     @property
     def needs_reference(self) -> bool:
         """The frozen reference's log-probs enter the loss (KL, or the original's old log-probs)."""
@@ -110,6 +103,13 @@ class RewardConfig:
         """Several optimizer steps per rollout: the sampling policy's log-probs are computed once
         before the first (with one step they equal the current log-probs)."""
         return self.epochs_per_rollout > 1 and self.old_logprobs == "policy"
+
+
+@dataclass
+class RewardConfig:
+    fn: str = "rlft.grader:r1_zero_reward_fn"  # the original R1-Zero reward: 1 = right format and answer
+    format_weight: float = 0.0  # shaping: + weight x format reward (0 = the original reward)
+    timeout_s: float = 1.0  # per response: a check that takes longer scores 0 and is counted
 
 
 @dataclass
