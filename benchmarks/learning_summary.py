@@ -18,26 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlft.curves import plot_runs, read_evals, read_steps, summarize  # noqa: E402
-
-
-def two_proportion_p(k1: int, n1: int, k2: int, n2: int) -> float:
-    """Two-sided p-value of the pooled two-proportion z-test (1.0 when both rates are 0 or 1)."""
-    p = (k1 + k2) / (n1 + n2)
-    se = math.sqrt(p * (1 - p) * (1 / n1 + 1 / n2))
-    if se == 0:
-        return 1.0
-    z = (k2 / n2 - k1 / n1) / se
-    return math.erfc(abs(z) / math.sqrt(2))
-
-
-def mcnemar_exact_p(gained: int, lost: int) -> float:
-    """Two-sided exact McNemar p-value: binomial(gained + lost, 1/2) tail, doubled, capped at 1."""
-    n = gained + lost
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, i) for i in range(0, min(gained, lost) + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
+from rlft.curves import mcnemar_exact_p, plot_runs, read_evals, read_steps, summarize, two_proportion_p  # noqa: E402
 
 
 def correct_by_question(eval_dir: Path) -> dict[int, bool]:
@@ -92,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     result: dict = {}
+    # OUT/commands.json, when present, maps "gsm8k"/"easy" to the command that made the run.
+    commands = json.loads((out / "commands.json").read_text()) if (out / "commands.json").is_file() else {}
     for key, run in (("gsm8k", out / "grpo_gsm8k"), ("easy", out / "grpo_easy")):
         if not (run / "steps.jsonl").is_file():
             continue
@@ -106,13 +89,17 @@ def main(argv: list[str] | None = None) -> int:
             entry["data"] = c["data"]["source"]
             if key == "easy":
                 entry["task"] = c["data"]["source"]
+        if key in commands:
+            entry["command"] = commands[key]
         result[key] = entry
         png = plot_runs([run], out / f"reward_curve_{key}.png", title=f"GRPO on {key}")
         print(f"{key}: {json.dumps({k: v for k, v in entry.items() if k != 'training'})}\n  curve: {png}")
     if args.demo:
         s = summarize(read_steps(args.demo), read_evals(args.demo))
         result["demo_cpu"] = {k: s.get(k) for k in ("steps", "reward_first", "reward_last", "accuracy_first",
-                                                     "accuracy_last")}
+                                                     "accuracy_last", "eval_n")}
+        if "demo_cpu" in commands:
+            result["demo_cpu"]["command"] = commands["demo_cpu"]
     path = Path(args.json) if args.json else out / "learning.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")

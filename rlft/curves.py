@@ -1,4 +1,5 @@
-"""Learning curves of a run: a PNG next to its TensorBoard logs and a one-line before/after summary.
+"""Learning curves of a run: a PNG next to its TensorBoard logs, a one-line before/after summary,
+and the significance tests used to compare two evaluations.
 
     python -m rlft.curves runs/demo              # writes runs/demo/reward_curve.png, prints the summary
     python -m rlft.curves runs/a runs/b --out curves.png --json summary.json
@@ -13,8 +14,12 @@ import json
 import math
 from pathlib import Path
 
-# (key in steps.jsonl, label) of the curves drawn, in order; absent keys are skipped.
-CURVES = (("reward/mean", "reward"), ("reward/answer", "answer"), ("reward/format", "format"))
+# (key in steps.jsonl, label) of the curves drawn, in order; absent keys are skipped.  With dynamic
+# sampling the batch's own rewards favour groups whose rewards differ; the *_all curves are over
+# every response the step generated.
+CURVES = (("reward/mean", "reward (trained batch)"), ("reward/answer", "answer (trained batch)"),
+          ("reward/format", "format (trained batch)"), ("dynamic_sampling/reward_all", "reward (all sampled)"))
+STYLES = {"reward/mean": "--"}
 
 
 def read_steps(run_dir: str | Path) -> list[dict]:
@@ -71,6 +76,25 @@ def summarize(steps: list[dict], evals: list[tuple[int, dict]], *, edge: int | N
     return out
 
 
+def two_proportion_p(k1: int, n1: int, k2: int, n2: int) -> float:
+    """Two-sided p-value of the pooled two-proportion z-test (1.0 when both rates are 0 or 1)."""
+    p = (k1 + k2) / (n1 + n2)
+    se = math.sqrt(p * (1 - p) * (1 / n1 + 1 / n2))
+    if se == 0:
+        return 1.0
+    z = (k2 / n2 - k1 / n1) / se
+    return math.erfc(abs(z) / math.sqrt(2))
+
+
+def mcnemar_exact_p(gained: int, lost: int) -> float:
+    """Two-sided exact McNemar p-value: binomial(gained + lost, 1/2) tail, doubled, capped at 1."""
+    n = gained + lost
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(0, min(gained, lost) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
 def summary_line(name: str, s: dict) -> str:
     parts = [f"{name}: {s['steps']} steps"]
     if "reward_first" in s:
@@ -92,15 +116,17 @@ def plot_runs(runs: list[str | Path], out_png: str | Path, *, title: str | None 
     fig, axes = plt.subplots(1, len(runs), figsize=(6.4 * len(runs), 4.2), squeeze=False)
     for ax, run in zip(axes[0], runs):
         steps, evals = read_steps(run), read_evals(run)
-        x = [s["step"] for s in steps]
         for i, (key, label) in enumerate(CURVES):
-            y = [s.get(key) for s in steps]
-            if not any(isinstance(v, (int, float)) for v in y):
+            # Only the steps that logged this value (a step-0 record holds just an evaluation).
+            points = [(s["step"], float(s[key])) for s in steps
+                      if isinstance(s.get(key), (int, float)) and math.isfinite(s[key])]
+            if not points:
                 continue
-            y = [float(v) if isinstance(v, (int, float)) and math.isfinite(v) else 0.0 for v in y]
+            x, y = zip(*points)
             color = f"C{i}"
             ax.plot(x, y, color=color, alpha=0.25, linewidth=1)
-            ax.plot(x, moving_average(y, window), color=color, linewidth=2, label=f"{label} (train, mean of {window})")
+            ax.plot(x, moving_average(list(y), window), color=color, linewidth=2, linestyle=STYLES.get(key, "-"),
+                    zorder=3 if key in STYLES else 2, label=f"{label} (mean of {window} steps)")
         if evals:
             ax.plot([s for s, _ in evals], [e.get("accuracy", 0.0) for _, e in evals], "ks--", markersize=5,
                     label="held-out accuracy")
