@@ -1,7 +1,25 @@
 #!/usr/bin/env bash
-# The offline default: a short GRPO run of SmolLM2-135M-Instruct on gsm_symbolic problems.
-# First use sets up the environment and converts the model (a few minutes); then watch it with
-#   tensorboard --logdir runs/demo/tensorboard
+# The offline default, start to finish on CPU: SmolLM2-135M-Instruct learns easy sums with GRPO.
+#
+#   bash launch/demo.sh            # about 10 minutes on 2 cores after the one-time set-up
+#   tensorboard --logdir runs/demo # while it runs, or after
+#
+# 1. a short SFT warm start (4 steps) teaches the <think> ... </think> <answer> ... </answer> contract
+#    -> runs/demo/sft/model (skipped when it is already there);
+# 2. GRPO from it on generated two-number sums (launch/configs/grpo_cpu_demo.yaml) -> runs/demo/grpo;
+# 3. the reward curve as a PNG (runs/demo/grpo/reward_curve.png) and a before/after line.
+# Extra key=value arguments go to the GRPO stage. Delete runs/demo to start over.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-exec bash "$here/train.sh" "$here/configs/grpo_cpu_demo.yaml" "$@"
+cd "$here/.."
+source "$here/setup.sh" || exit 1
+if [ ! -f runs/demo/sft/model/config.json ]; then
+  echo "[demo] 1/3 SFT warm start: 4 steps on the answer contract" >&2
+  bash "$here/sft.sh" "$here/configs/sft_cpu_demo.yaml" || exit $?
+else
+  echo "[demo] 1/3 SFT warm start: runs/demo/sft/model is already there" >&2
+fi
+echo "[demo] 2/3 GRPO: watch it with  tensorboard --logdir runs/demo" >&2
+bash "$here/train.sh" "$here/configs/grpo_cpu_demo.yaml" "$@" || exit $?
+echo "[demo] 3/3 what it learnt" >&2
+python -m rlft.curves runs/demo/grpo --title "GRPO on CPU: SmolLM2-135M-Instruct, two-number sums"
