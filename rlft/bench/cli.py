@@ -253,7 +253,7 @@ def run_trl(cfg, w: Workload, *, steps: int, use_gpu: bool, gpus: int, out: Path
     run_info = json.loads((trl_dir / "trl_run.json").read_text())
     rows = [json.loads(line) for line in steps_file.read_text().splitlines() if line.strip()]
     return {**result, "status": "ran", "args": run_info.get("args"), "dropped_args": run_info.get("dropped_args"),
-            "summary": metrics.summarise_trl_steps(rows)}
+            "summary": metrics.summarise_trl_steps(rows, responses_per_step=w.responses)}
 
 
 # ---------------------------------------------------------------- the result
@@ -336,10 +336,14 @@ def main(argv: list[str] | None = None) -> int:
                           "out_dir": str(run_dir)}
         result["rlft"].update(launch_rlft(config_path, cfg, out, use_gpu, args.timeout))
 
+    # What ran (for --from-run, read back from its config).
+    w = Workload(prompts=cfg.optim.rollout_batch_size // cfg.grpo.group_size, group_size=cfg.grpo.group_size,
+                 tokens=cfg.sampling.max_tokens, micro_batch=cfg.optim.train_micro_batch_size)
     facts = model_facts(model_dir)
     result["model"] = {"spec": args.model if not args.from_run else model_dir, "path": model_dir, **facts,
                        "random_shape": args.model in MODEL_SHAPES and not args.from_run}
-    result["workload"] = {"name": wname, **dataclasses.asdict(w), "responses": cfg.optim.rollout_batch_size,
+    result["workload"] = {"name": wname if not args.from_run else None, **dataclasses.asdict(w),
+                          "responses": w.responses,
                           "forced_length": cfg.sampling.min_tokens == cfg.sampling.max_tokens,
                           "steps": cfg.schedule.steps}
     result["config"] = cfg.to_dict()
@@ -357,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline == "trl" and ok:
         result["trl"] = run_trl(cfg, w, steps=cfg.schedule.steps, use_gpu=use_gpu, gpus=max(gpus, 1), out=out,
                                 timeout=args.timeout)
+    result["ratios"] = metrics.trl_ratios(result)
     result["headline"] = metrics.headline(result)
 
     json_path = Path(args.json) if args.json else out / "bench.json"

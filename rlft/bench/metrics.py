@@ -165,16 +165,35 @@ def summarise_steps(steps: list[dict], *, params: int, num_layers: int, hidden_s
     }
 
 
-def summarise_trl_steps(steps: list[dict]) -> dict[str, Any]:
-    """The TRL baseline's per-step records ({"step", "time/step", "profiling": {name: s}}): the
-    median step and the median of each of TRL's own timers, over the steps after the first."""
+def _timer_sum(record: dict, suffixes: tuple[str, ...]) -> float | None:
+    vals = [v for k, v in record.get("profiling", {}).items() if k.endswith(suffixes)]
+    return sum(vals) if vals else None
+
+
+def summarise_trl_steps(steps: list[dict], responses_per_step: int | None = None) -> dict[str, Any]:
+    """The TRL baseline's per-step records ({"step", "time/step", "profiling": {timer: s}, "logs"}):
+    medians over the steps after the first of the step, of TRL's own timers, of its generation
+    ("*.generate" timers) and weight sync ("*sync_weights"), and rollout tokens/s = responses x
+    completions/mean_length / generation seconds."""
     measured, warmup_excluded = measured_steps(steps)
     names = sorted({n for s in measured for n in s.get("profiling", {})})
+    generate = ("generate", "generate_batch")
+
+    def rollout_tps(s: dict) -> float | None:
+        gen = _timer_sum(s, generate)
+        length = s.get("logs", {}).get("completions/mean_length")
+        if not gen or length is None or not responses_per_step:
+            return None
+        return responses_per_step * length / gen
+
     return {
         "steps": [s["step"] for s in steps],
         "measured_steps": [s["step"] for s in measured],
         "warmup_excluded": warmup_excluded,
         "step_s": _median(s.get("time/step") for s in measured),
+        "sample_s": _median(_timer_sum(s, generate) for s in measured),
+        "sync_s": _median(_timer_sum(s, ("sync_weights",)) for s in measured),
+        "rollout_tokens_per_s": _median(rollout_tps(s) for s in measured),
         "profiling_s": {n: _median(s["profiling"].get(n) for s in measured if n in s.get("profiling", {}))
                         for n in names},
     }
@@ -182,6 +201,14 @@ def summarise_trl_steps(steps: list[dict]) -> dict[str, Any]:
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
+
+
+def trl_ratios(result: dict) -> dict[str, float | None]:
+    """TRL's figure / rlft's for every figure both runs measured (s/step > 1: rlft is faster)."""
+    r = (result.get("rlft") or {}).get("summary") or {}
+    t = (result.get("trl") or {}).get("summary") or {}
+    return {f"trl_over_rlft_{k}": ratio(t.get(k), r.get(k))
+            for k in ("step_s", "sample_s", "sync_s", "rollout_tokens_per_s") if t.get(k) is not None}
 
 
 # ---------------------------------------------------------------- the printed table and summary.json
@@ -203,10 +230,10 @@ def format_table(result: dict) -> str:
     t = (result.get("trl") or {}).get("summary") or {}
     rows = [
         ("s / step", r.get("step_s"), t.get("step_s"), ""),
-        ("sample s", r.get("sample_s"), None, ""),
+        ("sample s", r.get("sample_s"), t.get("sample_s"), ""),
         ("train s", r.get("train_s"), None, ""),
-        ("sync s", r.get("sync_s"), None, ""),
-        ("rollout tokens/s", r.get("rollout_tokens_per_s"), None, ""),
+        ("sync s", r.get("sync_s"), t.get("sync_s"), ""),
+        ("rollout tokens/s", r.get("rollout_tokens_per_s"), t.get("rollout_tokens_per_s"), ""),
         ("train tokens/s", r.get("train_tokens_per_s"), None, ""),
         ("train MFU (6N)", r.get("train_mfu"), None, "%"),
         ("train MFU (+attn)", r.get("train_mfu_with_attention"), None, "%"),
