@@ -50,16 +50,29 @@ def git_commit(repo: str | Path) -> dict[str, str | bool | None]:
 
 
 def machine_info(use_gpu: bool) -> dict:
-    """The GPU model and count ("cpu" when the run is on CPU), and the host's CPU count."""
+    """The GPU model, count and memory ("cpu" when the run is on CPU) and the host's CPU count.  Read
+    from ``nvidia-smi`` so this process never creates a CUDA context (it would hold GPU memory while
+    the runs it launches measure theirs)."""
     info: dict = {"gpu": "cpu", "gpu_count": 0, "cpu_count": os.cpu_count(), "platform": platform.platform()}
-    if use_gpu:
+    if not use_gpu:
+        return info
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+        rows = [[x.strip() for x in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError):
+        rows = []
+    if rows and len(rows[0]) == 3:
+        info.update(gpu=rows[0][0], gpu_count=len(rows), gpu_memory_gib=round(float(rows[0][1]) / 1024, 1),
+                    driver=rows[0][2])
+    else:
         import torch
 
-        if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name(0)
-            info["gpu_count"] = torch.cuda.device_count()
-            info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
-            info["cuda"] = torch.version.cuda
+        info.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count())
+    import torch
+
+    info["gpu_count"] = torch.cuda.device_count()  # the visible ones (CUDA_VISIBLE_DEVICES)
+    info["cuda"] = torch.version.cuda
     return info
 
 
