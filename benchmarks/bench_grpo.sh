@@ -20,6 +20,6 @@ rc=0
 for w in ${WORKLOADS:-w-small w-big}; do
   # shellcheck disable=SC2086
   "$PYTHON" -m rlft.bench --model "${MODEL:-random-1.5b}" --workload "$w" --steps "${STEPS:-6}" \
-    --baseline "${BASELINE:-trl}" --out "$out/$w" --summary-json ${EXTRA_ARGS:-} || rc=$?
+    --baseline "${BASELINE:-trl}" --summary-json --out "$out/$w" ${EXTRA_ARGS:-} || rc=$?
 done
 exit $rc

@@ -44,7 +44,8 @@ FORMULAS = {
     "train_mfu": "median of passes * 6 * N * tokens/total / (time/train * peak_flops); attention FLOPs ignored",
     "train_mfu_with_attention": "median of passes * (6 * N + 12 * L * d * s) * tokens/total / (time/train * "
                                 "peak_flops), s = tokens/total / sequences per step",
-    "sync_gb_per_s": "N * bytes per parameter (policy dtype) / 1e9 / time/sync",
+    "sync_gb_per_s": "N * bytes per parameter (policy dtype) / 1e9 / time/sync (one copy of the weights; "
+                     "time/sync includes waking sleeping engines)",
     "peak_flops": "dense bf16 by GPU name: H200 790e12 (this project's figure; datasheet 989e12), "
                   "H100 989e12, A100 312e12, or --peak-tflops",
     "memory_peak_gb": "per rank, max over steps of the rank's peak (GiB: torch's allocator peak on a GPU, "
