@@ -59,18 +59,20 @@ def format_samples(rows: list[dict]) -> str:
 
 def merge_metrics(gathered: list[dict]) -> tuple[dict, list[dict] | None]:
     """Every rank's step metrics -> one record (the slowest rank's time per phase, the largest peak
-    memory, the stages' checksum parts summed, throughputs) and the logged sample completions."""
+    memory and each rank's, the stages' checksum parts summed, throughputs) and the logged sample
+    completions."""
     merged: dict = {}
     seconds: dict = {}
     peak = 0.0
     samples = None
-    for m in gathered:
+    for rank, m in enumerate(gathered):  # in rank order (extra metrics, if any, come last)
         for k, v in m.items():
             if k == "seconds":
                 for phase, s in v.items():
                     seconds[phase] = max(seconds.get(phase, 0.0), s)
             elif k == "peak_memory_gb":
                 peak = max(peak, v)
+                merged[f"memory/peak_gb/rank{rank}"] = v  # per rank, so each role's share can be read
             elif k == "samples":
                 samples = v
             elif k != "epoch_ended":

@@ -1,0 +1,3 @@
+from rlft.bench.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,380 @@
+"""``python -m rlft.bench``: run N GRPO steps of a fixed-length workload, optionally TRL's GRPOTrainer
+on the same work, and write one JSON result per run plus a short table.
+
+    python -m rlft.bench --model random-1.5b --workload w-big --steps 6 --baseline trl \\
+        --summary-json                      # GPU: the w_big_1gpu entry of benchmarks/results/summary.json
+    python -m rlft.bench --model tiny --workload tiny --steps 3    # CPU smoke run
+
+See rlft/bench/__init__.py for what is measured and the formulas.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rlft.bench import environment, metrics
+from rlft.bench.presets import MODEL_SHAPES, WORKLOADS, Workload, model_facts, resolve_bench_model, workload_key
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_SUMMARY = REPO / "benchmarks" / "results" / "summary.json"
+SCHEMA_VERSION = 1
+
+
+def say(msg: str) -> None:
+    print(f"[bench {datetime.now():%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m rlft.bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="random-1.5b",
+                   help=f"{' | '.join(MODEL_SHAPES)} (random weights, built once) | smollm2-135m-instruct | "
+                        "any model directory or hub id (default: random-1.5b)")
+    p.add_argument("--tokenizer", help="tokenizer directory for a random model (default: SmolLM2's, the "
+                                       "offline default model's)")
+    p.add_argument("--workload", default="w-small", choices=sorted(WORKLOADS),
+                   help="prompts x responses x forced tokens per step (w-small 8x8x256, w-big 64x8x512, tiny 2x2x8)")
+    p.add_argument("--prompts", type=int, help="override the workload's prompts per step")
+    p.add_argument("--group-size", type=int, help="override the workload's responses per prompt")
+    p.add_argument("--tokens", type=int, help="override the workload's forced response length")
+    p.add_argument("--micro-batch", type=int, help="override the workload's sequences per micro-batch")
+    p.add_argument("--steps", type=int, default=5, help="GRPO steps; medians are over steps 2..N (default 5)")
+    p.add_argument("--gpus", type=int, help="GPUs of the run (default 1 on a GPU machine; picks "
+                                            "launch/configs/grpo_<N>gpu.yaml); ignored on CPU")
+    p.add_argument("--config", help="base YAML instead of launch/configs/grpo_<N>gpu.yaml (CPU: one process)")
+    p.add_argument("--backend", choices=("hf", "vllm", "auto"),
+                   help="rollout engine (default: vllm on GPU, hf on CPU)")
+    p.add_argument("--data", default="gsm_symbolic", help="prompt source (data.source; default gsm_symbolic)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--baseline", choices=("none", "trl"), default="none",
+                   help="trl: also run TRL's GRPOTrainer (vLLM colocate on GPU) on the same work")
+    p.add_argument("--peak-tflops", type=float, help="peak FLOP/s for MFU, in TFLOP/s (default: by GPU name)")
+    p.add_argument("--out", help="output directory (default benchmarks/runs/<time>-<model>-<workload>)")
+    p.add_argument("--json", help="result file (default OUT/bench.json)")
+    p.add_argument("--summary-json", nargs="?", const=str(DEFAULT_SUMMARY), default=None,
+                   help=f"merge the headline figures into this JSON (default {DEFAULT_SUMMARY.relative_to(REPO)})")
+    p.add_argument("--summary-key", help="key in the summary (default <workload>_<N>gpu, e.g. w_big_1gpu)")
+    p.add_argument("--from-run", help="summarise an existing rlft output directory (steps.jsonl, config.yaml) "
+                                      "instead of launching")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep the run's checkpoints and final model (deleted by default: GBs for big models)")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds each launch may take (default 3600)")
+    p.add_argument("overrides", nargs="*", help="extra rlft config overrides key=value, applied last")
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------- the rlft run's config
+
+
+def workload_from_args(args: argparse.Namespace) -> tuple[str, Workload]:
+    w = WORKLOADS[args.workload]
+    changed = {k: v for k, v in (("prompts", args.prompts), ("group_size", args.group_size),
+                                 ("tokens", args.tokens), ("micro_batch", args.micro_batch)) if v is not None}
+    return args.workload, dataclasses.replace(w, **changed)
+
+
+CPU_TOPOLOGY = ("device=cpu", "topology.policy_ranks=[0]", "topology.pipeline_stages=1", "topology.sampler_rank=0",
+                "topology.reference_rank=0", "topology.evaluator_rank=0")
+
+
+def bench_overrides(w: Workload, *, model_dir: str, data: str, steps: int, backend: str, seed: int,
+                    out_dir: str, cpu: bool) -> list[str]:
+    """The config overrides of a benchmark run: the model, the fixed-length workload, no periodic
+    evaluation, checkpoints or logged samples, a fresh output directory."""
+    return [
+        *(CPU_TOPOLOGY if cpu else ()),
+        f"model.path={model_dir}",
+        "output.init_checkpoint=null",
+        f"output.dir={out_dir}",
+        "output.resume=never",
+        f"data.source={data}",
+        f"data.train_size={w.prompts * steps}",  # one epoch = the run: no mid-run epoch checkpoint
+        "data.eval_size=1",  # the trainer evaluates after its last step; keep that short
+        f"sampling.eval_max_tokens={min(w.tokens, 16)}",
+        f"sampling.backend={backend}",
+        f"sampling.min_tokens={w.tokens}",
+        f"sampling.max_tokens={w.tokens}",
+        "sampling.stop=[]",
+        f"grpo.group_size={w.group_size}",
+        f"optim.rollout_batch_size={w.responses}",
+        f"optim.train_micro_batch_size={w.micro_batch}",
+        f"schedule.steps={steps}",
+        "schedule.evaluate_freq=0",
+        "schedule.evaluate_at_start=false",
+        "schedule.save_every=0",
+        "schedule.log_samples_every=0",
+        f"seed={seed}",
+    ]
+
+
+def base_config(args: argparse.Namespace, use_gpu: bool, gpus: int) -> str | None:
+    if args.config:
+        return args.config
+    if not use_gpu:
+        return None
+    path = REPO / "launch" / "configs" / f"grpo_{gpus}gpu.yaml"
+    if not path.is_file():
+        raise SystemExit(f"rlft.bench: no launch/configs/grpo_{gpus}gpu.yaml; give --config")
+    return str(path)
+
+
+def roles_by_rank(cfg) -> dict[int, list[str]]:
+    from rlft.topology import roles_for_rank
+
+    return {r: sorted({n.split("[")[0] for n in roles_for_rank(cfg.topology, r).names()})
+            for r in range(cfg.world_size())}
+
+
+def policy_dtype(cfg, use_gpu: bool) -> str:
+    """What the policy trains in and syncs (rlft.runtime.context.RankContext.policy_dtype)."""
+    from rlft.common import resolve_dtype
+
+    return "bfloat16" if resolve_dtype(cfg.model.dtype, "cuda" if use_gpu else "cpu") == "bfloat16" else "float32"
+
+
+def train_passes(cfg) -> float:
+    """Forward+backward passes over the batch in the train phase (a forward is a third of one)."""
+    return cfg.grpo.epochs_per_rollout + (1 / 3 if cfg.grpo.recomputes_old_logprobs else 0)
+
+
+# ---------------------------------------------------------------- launching
+
+
+def child_env(use_gpu: bool, per_node: int) -> dict[str, str]:
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", RLFT_PROGRESS="0")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    if not use_gpu:
+        env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="")
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, per_node))))
+    return env
+
+
+def run_logged(cmd: list[str], log_path: Path, env: dict, timeout: float) -> tuple[int, float]:
+    """Run `cmd` with its output in `log_path`; (exit status, wall seconds); 124 on timeout."""
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 15)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+            rc = 124
+    return rc, time.perf_counter() - t0
+
+
+def tail(path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def launch_rlft(config_path: Path, cfg, out: Path, use_gpu: bool, timeout: float) -> dict:
+    from rlft.common import free_port
+
+    per_node = cfg.world_size()
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", str(free_port()),
+           "--num_gpus", str(per_node), "--module", "rlft.train_grpo", "--config", str(config_path)]
+    say(f"rlft: {per_node} rank(s), log {out / 'rlft.log'}")
+    with environment.GpuMemoryWatcher() as watcher:
+        rc, wall = run_logged(cmd, out / "rlft.log", child_env(use_gpu, per_node), timeout)
+    return {"command": cmd, "returncode": rc, "wall_s": wall, "log": str(out / "rlft.log"),
+            "gpu_memory_used_peak_gib": watcher.peaks(), **({"log_tail": tail(out / "rlft.log")} if rc else {})}
+
+
+def trl_prompts(cfg, steps: int) -> list[dict]:
+    """The prompts an rlft run of `steps` steps draws, in its order, with their answers."""
+    from rlft.data import PromptSampler, load_examples
+    from rlft.prompts import format_prompt
+
+    examples = load_examples(cfg.data.source, cfg.data.train_split, size=cfg.data.train_size, seed=cfg.seed).examples
+    per_step = cfg.optim.rollout_batch_size // cfg.grpo.group_size
+    sampler = PromptSampler(len(examples), per_step, cfg.seed, shuffle=cfg.data.shuffle)
+    order = [i for _ in range(steps) for i in sampler.next_batch()]
+    return [{"prompt": format_prompt(examples[i].question, cfg.data.prompt_template),
+             "ground_truth": examples[i].ground_truth} for i in order]
+
+
+def trl_spec(cfg, w: Workload, *, steps: int, use_gpu: bool, nproc: int, out_dir: Path) -> dict:
+    return {
+        "model": cfg.model.path, "steps": steps, "seed": cfg.seed, "out_dir": str(out_dir),
+        "gpu": use_gpu, "bf16": policy_dtype(cfg, use_gpu) == "bfloat16", "num_processes": nproc,
+        "use_vllm": use_gpu, "activation_checkpointing": cfg.model.activation_checkpointing,
+        "workload": dataclasses.asdict(w),
+        "sampling": dataclasses.asdict(cfg.sampling), "optim": dataclasses.asdict(cfg.optim),
+        "grpo": dataclasses.asdict(cfg.grpo), "reward": dataclasses.asdict(cfg.reward),
+        "prompts": trl_prompts(cfg, steps),
+    }
+
+
+def run_trl(cfg, w: Workload, *, steps: int, use_gpu: bool, gpus: int, out: Path, timeout: float) -> dict:
+    from rlft.bench.trl_baseline import grpo_config_kwargs, trl_unavailable_reason
+    from rlft.common import free_port
+
+    reason = trl_unavailable_reason(use_vllm=use_gpu)
+    nproc = gpus if use_gpu else 1
+    result: dict = {"use_vllm": use_gpu, "num_processes": nproc}
+    if reason:
+        say(f"trl baseline skipped: {reason}")
+        return {**result, "status": "skipped", "reason": reason}
+    trl_dir = out / "trl"
+    trl_dir.mkdir(parents=True, exist_ok=True)
+    spec = trl_spec(cfg, w, steps=steps, use_gpu=use_gpu, nproc=nproc, out_dir=trl_dir)
+    grpo_config_kwargs(spec)  # refuse a batch TRL cannot split before starting
+    spec_path = trl_dir / "spec.json"
+    spec_path.write_text(json.dumps(spec, indent=1))
+    if use_gpu:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--master_port", str(free_port()), "-m", "rlft.bench.trl_baseline", str(spec_path)]
+    else:
+        cmd = [sys.executable, "-m", "rlft.bench.trl_baseline", str(spec_path)]
+    say(f"trl: {nproc} process(es){' with vLLM colocate' if use_gpu else ''}, log {out / 'trl.log'}")
+    with environment.GpuMemoryWatcher() as watcher:
+        rc, wall = run_logged(cmd, out / "trl.log", child_env(use_gpu, nproc), timeout)
+    result.update({"command": cmd, "returncode": rc, "wall_s": wall, "log": str(out / "trl.log"),
+                   "gpu_memory_used_peak_gib": watcher.peaks()})
+    steps_file = trl_dir / "trl_steps.jsonl"
+    if rc != 0 or not steps_file.is_file():
+        return {**result, "status": "failed", "reason": f"exit status {rc}", "log_tail": tail(out / "trl.log")}
+    run_info = json.loads((trl_dir / "trl_run.json").read_text())
+    rows = [json.loads(line) for line in steps_file.read_text().splitlines() if line.strip()]
+    return {**result, "status": "ran", "args": run_info.get("args"), "dropped_args": run_info.get("dropped_args"),
+            "summary": metrics.summarise_trl_steps(rows, responses_per_step=w.responses)}
+
+
+# ---------------------------------------------------------------- the result
+
+
+def summarise_run(run_dir: Path, cfg, facts: dict, *, use_gpu: bool, peak_flops: float | None) -> dict:
+    from rlft.bench.metrics import DTYPE_BYTES
+
+    dtype = policy_dtype(cfg, use_gpu)
+    steps = metrics.read_steps(run_dir / "steps.jsonl")
+    summary = metrics.summarise_steps(
+        steps, params=facts["params"], num_layers=facts["num_layers"], hidden_size=facts["hidden_size"],
+        weight_bytes=facts["params"] * DTYPE_BYTES[dtype], sequences_per_step=cfg.optim.rollout_batch_size,
+        peak_flops=peak_flops, passes=train_passes(cfg), roles_by_rank=roles_by_rank(cfg))
+    summary["policy_dtype"] = dtype
+    summary["weight_bytes"] = facts["params"] * DTYPE_BYTES[dtype]
+    summary["train_passes"] = train_passes(cfg)
+    return summary
+
+
+def default_summary_key(workload: str, model: str, use_gpu: bool, gpus: int) -> str:
+    key = f"{workload_key(workload)}_{f'{gpus}gpu' if use_gpu else 'cpu'}"
+    if model != "random-1.5b":
+        key += "_" + "".join(c if c.isalnum() or c == "." else "_" for c in Path(model).name)
+    return key
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rlft.config import ConfigError, load_config, save_config
+
+    args = parse_args(argv)
+    use_gpu = environment.gpu_available()
+    gpus = (args.gpus or 1) if use_gpu else 0
+    wname, w = workload_from_args(args)
+    machine = environment.machine_info(use_gpu)
+    peak, peak_source = ((args.peak_tflops * 1e12, "--peak-tflops") if args.peak_tflops
+                         else metrics.peak_flops_for(machine["gpu"] if use_gpu else None))
+    result: dict = {
+        "schema": SCHEMA_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": [sys.executable, "-m", "rlft.bench", *(sys.argv[1:] if argv is None else argv)],
+        "commit": environment.git_commit(REPO),
+        "machine": machine,
+        "versions": environment.library_versions(),
+        "formulas": metrics.FORMULAS,
+        "peak_flops": {"value": peak, "source": peak_source},
+    }
+
+    if args.from_run:
+        run_dir = Path(args.from_run).resolve()
+        out = run_dir
+        cfg = load_config(run_dir / "config.yaml")
+        model_dir = cfg.output.init_checkpoint or cfg.model.path
+        result["rlft"] = {"out_dir": str(run_dir), "from_run": True}
+    else:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        out = Path(args.out or REPO / "benchmarks" / "runs" / f"{stamp}-{Path(args.model).name}-{wname}").resolve()
+        run_dir = out / "rlft"
+        if run_dir.exists():
+            raise SystemExit(f"rlft.bench: {run_dir} exists; give another --out (a run appends to its steps.jsonl)")
+        out.mkdir(parents=True, exist_ok=True)
+        say(f"model {args.model}: preparing")
+        model_dir = resolve_bench_model(args.model, tokenizer_dir=args.tokenizer, seed=args.seed)
+        backend = args.backend or ("vllm" if use_gpu else "hf")
+        overrides = bench_overrides(w, model_dir=model_dir, data=args.data, steps=args.steps, backend=backend,
+                                    seed=args.seed, out_dir=str(run_dir), cpu=not use_gpu) + list(args.overrides)
+        base = base_config(args, use_gpu, gpus)
+        try:
+            cfg = load_config(base, overrides)
+        except ConfigError as e:
+            print(f"rlft.bench: config error: {e}", file=sys.stderr)
+            return 2
+        if use_gpu and cfg.world_size() > machine["gpu_count"]:
+            print(f"rlft.bench: the topology needs {cfg.world_size()} GPUs, {machine['gpu_count']} are visible",
+                  file=sys.stderr)
+            return 2
+        config_path = out / "rlft_config.yaml"
+        save_config(cfg, config_path)
+        result["rlft"] = {"base_config": base, "overrides": overrides, "config_file": str(config_path),
+                          "out_dir": str(run_dir)}
+        result["rlft"].update(launch_rlft(config_path, cfg, out, use_gpu, args.timeout))
+
+    # What ran (for --from-run, read back from its config).
+    w = Workload(prompts=cfg.optim.rollout_batch_size // cfg.grpo.group_size, group_size=cfg.grpo.group_size,
+                 tokens=cfg.sampling.max_tokens, micro_batch=cfg.optim.train_micro_batch_size)
+    facts = model_facts(model_dir)
+    result["model"] = {"spec": args.model if not args.from_run else model_dir, "path": model_dir, **facts,
+                       "random_shape": args.model in MODEL_SHAPES and not args.from_run}
+    result["workload"] = {"name": wname if not args.from_run else None, **dataclasses.asdict(w),
+                          "responses": w.responses,
+                          "forced_length": cfg.sampling.min_tokens == cfg.sampling.max_tokens,
+                          "steps": cfg.schedule.steps}
+    result["config"] = cfg.to_dict()
+    ok = result["rlft"].get("returncode", 0) == 0 and (run_dir / "steps.jsonl").is_file()
+    if ok:
+        result["rlft"]["summary"] = summarise_run(run_dir, cfg, facts, use_gpu=use_gpu, peak_flops=peak)
+        result["rlft"]["status"] = "ran"
+    else:
+        result["rlft"]["status"] = "failed"
+        say(f"rlft run failed (exit status {result['rlft'].get('returncode')}); see {result['rlft'].get('log')}")
+    if not args.from_run and not args.keep_checkpoints:
+        for name in ("checkpoints", "model"):
+            shutil.rmtree(run_dir / name, ignore_errors=True)
+
+    if args.baseline == "trl" and ok:
+        result["trl"] = run_trl(cfg, w, steps=cfg.schedule.steps, use_gpu=use_gpu, gpus=max(gpus, 1), out=out,
+                                timeout=args.timeout)
+    result["ratios"] = metrics.trl_ratios(result)
+    result["headline"] = metrics.headline(result)
+
+    json_path = Path(args.json) if args.json else out / "bench.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(metrics.format_table(result))
+    print(f"result: {json_path}")
+    if args.summary_json and ok:
+        key = args.summary_key or default_summary_key(wname, args.model, use_gpu, gpus)
+        metrics.merge_summary(args.summary_json, key, result["headline"])
+        print(f"summary: {args.summary_json} [{key}]")
+    return 0 if ok and (result.get("trl") or {}).get("status") != "failed" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

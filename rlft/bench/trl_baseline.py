@@ -1,0 +1,195 @@
+"""The baseline: TRL's ``GRPOTrainer`` on the same model, prompts, lengths and batch as an rlft run.
+
+The benchmark writes a spec (JSON) and starts this module in its own process(es) (``torchrun`` on
+GPUs, one process per GPU, each with a colocated vLLM: ``use_vllm=True, vllm_mode="colocate"``):
+
+    python -m rlft.bench.trl_baseline SPEC.json
+
+One TRL optimizer step does what one rlft step does: ``prompts x num_generations`` completions of
+forced length generated once (``generation_batch_size`` = the whole batch), graded by the same
+reward function, one pass of micro-batches with gradient accumulation, one AdamW step, fresh weights
+into vLLM.  It writes OUT/trl_steps.jsonl: per optimizer step its wall seconds (between the
+trainer's ``on_step_end`` callbacks), TRL's own logged metrics and TRL's profiling timers.
+
+TRL is not a dependency of rlft: without it (or, on a GPU, without vLLM) the baseline is skipped
+with a message.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def trl_unavailable_reason(use_vllm: bool) -> str | None:
+    """Why the baseline cannot run here (None: it can)."""
+    if importlib.util.find_spec("trl") is None:
+        return "trl is not installed (pip install trl); the baseline is skipped"
+    if importlib.util.find_spec("datasets") is None:
+        return "datasets is not installed (TRL needs it); the baseline is skipped"
+    if use_vllm and importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed; TRL's vLLM colocate baseline is skipped"
+    return None
+
+
+def grpo_config_kwargs(spec: dict, known_fields: set[str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """``GRPOConfig`` arguments for the spec's workload, and the names left out because this TRL
+    version has no such field (``known_fields``: the fields of the installed ``GRPOConfig``)."""
+    w, nproc = spec["workload"], spec["num_processes"]
+    responses = w["prompts"] * w["group_size"]
+    per_device = w["micro_batch"]
+    if responses % (per_device * nproc):
+        raise ValueError(f"{responses} completions per step do not split into {nproc} process(es) x "
+                         f"micro-batches of {per_device}")
+    grad_acc = responses // (per_device * nproc)
+    opt, g, s = spec["optim"], spec["grpo"], spec["sampling"]
+    use_vllm = spec["use_vllm"]
+    # Forced lengths: at least max_completion_length tokens, whatever the model writes.
+    min_key = "min_tokens" if use_vllm else "min_new_tokens"
+    aggregation_to_loss = {"sequence": "grpo", "constant": "dr_grpo", "token": "dapo"}
+    kwargs: dict[str, Any] = {
+        "output_dir": spec["out_dir"],
+        "max_steps": spec["steps"],
+        "seed": spec["seed"],
+        "report_to": "none",
+        "save_strategy": "no",
+        "logging_steps": 1,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        "bf16": spec["bf16"],
+        "use_cpu": not spec["gpu"],
+        # the batch: one generation of every completion per optimizer step
+        "per_device_train_batch_size": per_device,
+        "gradient_accumulation_steps": grad_acc,
+        "steps_per_generation": grad_acc,
+        "num_generations": w["group_size"],
+        "shuffle_dataset": False,  # the prompts come in rlft's order
+        "max_completion_length": w["tokens"],
+        "max_prompt_length": None,  # older TRL truncates prompts by default
+        "generation_kwargs": {min_key: w["tokens"]},
+        "temperature": s["temperature"],
+        "top_p": s["top_p"],
+        "repetition_penalty": s["repetition_penalty"],
+        # the update: rlft's defaults
+        "learning_rate": opt["lr"],
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+        "adam_beta1": opt["betas"][0],
+        "adam_beta2": opt["betas"][1],
+        "adam_epsilon": opt["eps"],
+        "weight_decay": opt["weight_decay"],
+        "max_grad_norm": opt["grad_clip"],
+        "beta": g["kl_coef"],
+        "epsilon": g["cliprange"],
+        "num_iterations": g["epochs_per_rollout"],
+        "loss_type": aggregation_to_loss.get(g["aggregation"], "grpo"),
+        "scale_rewards": "group" if g["normalize_by_std"] else "none",
+        "gradient_checkpointing": spec["activation_checkpointing"],
+        "disable_dropout": True,
+        "log_completions": False,
+        # generation: vLLM in the training process, sharing its GPU
+        "use_vllm": use_vllm,
+    }
+    if use_vllm:
+        kwargs.update({
+            "vllm_mode": "colocate",
+            "vllm_gpu_memory_utilization": s["vllm"]["gpu_memory_utilization"],
+            "vllm_enable_sleep_mode": s["vllm"]["sleep_mode"],
+            # rlft applies no importance-sampling correction between vLLM's and the trainer's log-probs
+            "vllm_importance_sampling_correction": False,
+        })
+    if known_fields is None:
+        return kwargs, []
+    dropped = sorted(k for k in kwargs if k not in known_fields)
+    return {k: v for k, v in kwargs.items() if k in known_fields}, dropped
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(argv[0]).read_text())
+    import dataclasses
+
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlft.models import ensure_pad_token
+    from rlft.rewards import make_reward_fn
+
+    out = Path(spec["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    kwargs, dropped = grpo_config_kwargs(spec, {f.name for f in dataclasses.fields(GRPOConfig)})
+    if kwargs.get("scale_rewards") == "none":
+        try:
+            GRPOConfig(**{**kwargs, "output_dir": str(out / "probe")})
+        except (ValueError, TypeError):  # older TRL: a bool
+            kwargs["scale_rewards"] = False
+    args = GRPOConfig(**kwargs)
+
+    reward = make_reward_fn(spec["reward"]["fn"], spec["reward"]["format_weight"], timeout_s=spec["reward"]["timeout_s"])
+
+    def rlft_reward(completions, ground_truth, **_kw) -> list[float]:
+        return [float(r["reward"]) for r in reward(list(completions), list(ground_truth))]
+
+    rlft_reward.__name__ = "rlft_reward"
+    data = Dataset.from_list(spec["prompts"])
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    ensure_pad_token(tokenizer)
+    tokenizer.padding_side = "left"
+
+    # TRL's profiling timers report only to experiment trackers; keep a copy of every timing.
+    timings: list[tuple[str, float]] = []
+    try:
+        from trl.extras import profiling
+
+        original = profiling.ProfilingContext._log_metrics
+
+        def keep(self, duration):
+            timings.append((self.name, duration))
+            return original(self, duration)
+
+        profiling.ProfilingContext._log_metrics = keep
+    except (ImportError, AttributeError):
+        pass
+
+    class StepTimes(TrainerCallback):
+        def __init__(self):
+            self.t = time.perf_counter()
+            self.logs: dict[int, dict] = {}
+            self.rows: list[dict] = []
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.t = time.perf_counter()
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            self.logs.setdefault(state.global_step, {}).update(
+                {k: v for k, v in (logs or {}).items() if isinstance(v, (int, float))})
+
+        def on_step_end(self, args, state, control, **kw):
+            now = time.perf_counter()
+            prof: dict[str, float] = {}
+            for name, d in timings:
+                prof[name] = prof.get(name, 0.0) + d
+            timings.clear()
+            self.rows.append({"step": state.global_step, "time/step": now - self.t, "profiling": prof})
+            self.t = now
+
+    times = StepTimes()
+    trainer = GRPOTrainer(model=spec["model"], reward_funcs=[rlft_reward], args=args, train_dataset=data,
+                          processing_class=tokenizer, callbacks=[times])
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    if trainer.is_world_process_zero():
+        with open(out / "trl_steps.jsonl", "w") as f:
+            for row in times.rows:
+                f.write(json.dumps({**row, "logs": times.logs.get(row["step"], {})}) + "\n")
+        (out / "trl_run.json").write_text(json.dumps({"args": kwargs, "dropped_args": dropped,
+                                                      "train_wall_s": wall}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
