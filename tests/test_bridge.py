@@ -39,3 +39,17 @@ def test_bridge_single_rank_is_local():
     assert b.failure() is None
     b.report_failure("rank 0 failed: boom")
     assert b.failure() == "rank 0 failed: boom"
+
+
+def test_the_cpu_shared_memory_op_is_never_built(monkeypatch):
+    """DeepSpeed's TorchBackend builds its shm op at start-up; on CPU rlft replaces the builder in
+    DeepSpeed's own module (a JIT build takes minutes, and a killed build leaves a lock that makes
+    the next start wait forever)."""
+    import importlib
+
+    from rlft.runtime.bridge import skip_cpu_shm_comm_build
+
+    module = importlib.import_module("deepspeed.comm.torch")
+    monkeypatch.setattr(module, "build_shm_op", module.build_shm_op)  # restored after the test
+    skip_cpu_shm_comm_build()
+    assert module.build_shm_op() is None

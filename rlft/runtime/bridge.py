@@ -173,6 +173,9 @@ def skip_cpu_shm_comm_build() -> None:
     """On CPU, DeepSpeed JIT-compiles a shared-memory all-reduce op at start-up (minutes on a small
     machine, and rebuilt whenever its compile flags differ).  The gloo path it shortcuts is all the
     CPU runs need, so the build is skipped."""
-    import deepspeed.comm.torch as ds_torch_comm
+    import importlib
 
+    # Not `import deepspeed.comm.torch as m`: that binds the attribute `torch` of deepspeed.comm,
+    # which is the torch library itself, and the patch would miss DeepSpeed's module.
+    ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
     ds_torch_comm.build_shm_op = lambda: None
