@@ -63,7 +63,8 @@ def sampling_spec(cfg: SamplingConfig, *, n: int, seed: int | None, evaluation: 
         min_tokens=cfg.min_tokens,
         max_tokens=(cfg.eval_max_tokens or cfg.max_tokens) if evaluation else cfg.max_tokens,
         stop=list(cfg.stop), include_stop_str_in_output=cfg.include_stop_str_in_output,
-        repetition_penalty=cfg.repetition_penalty, n=n, seed=seed)
+        repetition_penalty=cfg.repetition_penalty, n=n, seed=seed,
+        logprobs=not evaluation)  # the trainer compares the sampler's log-probs with its own
 
 
 def _untimed(phase: str) -> AbstractContextManager:
