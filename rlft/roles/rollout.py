@@ -41,10 +41,11 @@ class Rollout:
     ground_truths: list[str]
     finish_reasons: list[str]
     prompts: list[str]  # per response
+    logprobs: list[list[float]]  # per response token: the engine's raw log-prob (Completion.logprobs)
 
     @classmethod
     def empty(cls) -> "Rollout":
-        return cls([], [], [], [], [], [], [])
+        return cls(*([] for _ in fields(cls)))
 
     def extend(self, other: "Rollout") -> "Rollout":
         """This rollout's rows followed by `other`'s."""
@@ -147,6 +148,9 @@ class RolloutWorker:
                 raise RuntimeError(f"rollout engine returned {len(group)} completions for a prompt, "
                                    f"expected {self.group_size}")
             for c in group:
+                if c.logprobs is None:
+                    raise RuntimeError(f"{type(self.engine).__name__} returned no log-probs; the trainer needs "
+                                       "the sampler's log-prob of every response token (Completion.logprobs)")
                 out.example_indices.append(ex.index)
                 out.prompt_ids.append(ids)
                 out.response_ids.append(list(c.token_ids))
@@ -154,6 +158,7 @@ class RolloutWorker:
                 out.ground_truths.append(ex.ground_truth)
                 out.finish_reasons.append(c.finish_reason)
                 out.prompts.append(text)
+                out.logprobs.append(list(c.logprobs))
         return out
 
     def grade(self, rollout: Rollout) -> tuple[list[dict], dict]:
@@ -164,14 +169,15 @@ class RolloutWorker:
         return grades, {f"grader/{k}": float(getattr(stats, k)) for k in GRADER_COUNTERS}
 
     def to_batch(self, rollout: Rollout, grades: list[dict]) -> tuple[RolloutBatch, dict]:
-        """Group-normalised advantages and the padded batch the policy trains on."""
+        """Group-normalised advantages and the padded batch the policy trains on (with the sampler's
+        log-probs)."""
         g, tok = self.cfg.grpo, self.tokenizer
         rewards = torch.tensor([grade["reward"] for grade in grades], dtype=torch.float32)
         advantages, raw_rewards, reward_stats = compute_group_normalized_rewards(
             rewards, g.group_size, g.advantage_eps, g.normalize_by_std)
         batch = build_rollout_batch(rollout.prompt_ids, rollout.response_ids, pad_token_id=tok.pad_token_id,
                                     eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
-                                    padding_side=self.cfg.model.padding_side)
+                                    padding_side=self.cfg.model.padding_side, response_logprobs=rollout.logprobs)
         batch.advantages, batch.raw_rewards = advantages, raw_rewards
         return batch, reward_stats
 
