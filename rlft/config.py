@@ -25,6 +25,7 @@ import yaml
 from rlft.common import DTYPE_CHOICES
 from rlft.engines import BACKENDS
 from rlft.grpo import AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
+from rlft.overlong import OVERLONG_MODES
 
 
 class ConfigError(ValueError):
@@ -96,6 +97,11 @@ class GRPOConfig:
     # importance sampling: the policy-gradient term of each token x min(pi_trainer / pi_sampler, cap).
     rollout_is: str = "none"  # none | tis
     rollout_is_cap: float = 2.0
+    # Responses cut by sampling.max_tokens (DAPO): filter = no loss on them; soft_penalty = reward
+    # - overlong_penalty x (how far into the last overlong_buffer tokens the response ran).
+    overlong: str = "none"  # none | filter | soft_penalty
+    overlong_buffer: int = 256  # tokens before max_tokens where the soft penalty starts
+    overlong_penalty: float = 1.0  # the soft penalty at max_tokens
 
     @property
     def needs_reference(self) -> bool:
@@ -358,6 +364,14 @@ def _check_rollout_corrections(g: GRPOConfig, s: SamplingConfig) -> None:
     _require(g.rollout_is in ROLLOUT_IS_MODES,
              f"grpo.rollout_is: must be one of {', '.join(ROLLOUT_IS_MODES)}, got '{g.rollout_is}'")
     _require(1 <= g.rollout_is_cap < float("inf"), f"grpo.rollout_is_cap: must be a number >= 1, got {g.rollout_is_cap}")
+    _require(g.overlong in OVERLONG_MODES,
+             f"grpo.overlong: must be one of {', '.join(OVERLONG_MODES)}, got '{g.overlong}'")
+    if g.overlong == "soft_penalty":
+        _require(1 <= g.overlong_buffer <= s.max_tokens,
+                 f"grpo.overlong_buffer: must be between 1 and sampling.max_tokens ({s.max_tokens}), "
+                 f"got {g.overlong_buffer}")
+    _require(0 <= g.overlong_penalty < float("inf"),
+             f"grpo.overlong_penalty: must be a finite number >= 0, got {g.overlong_penalty}")
 
 
 def validate(cfg: RunConfig) -> RunConfig:

@@ -24,6 +24,7 @@ from rlft.dynamic_sampling import GroupPool, group_rows, informative_groups
 from rlft.engines.base import RolloutEngine, SamplingSpec
 from rlft.grader import default_grader
 from rlft.grpo import compute_group_normalized_rewards
+from rlft.overlong import soft_overlong_penalty, truncated_rows
 from rlft.prompts import format_prompt
 from rlft.rewards import make_reward_fn
 
@@ -129,6 +130,7 @@ class RolloutWorker:
             batch, reward_stats = self.to_batch(rollout, grades)
             metrics["epoch_ended"] = self.prompts.epoch_done
         metrics.update(rollout_metrics(rollout, grades, batch, reward_stats))
+        metrics.update(self.filter_overlong(batch, rollout))  # after: lengths describe what was sampled
         metrics["prompt_indices"] = [ex.index for ex in examples]
         every = cfg.schedule.log_samples_every
         if every and step % every == 0:
@@ -170,9 +172,12 @@ class RolloutWorker:
 
     def to_batch(self, rollout: Rollout, grades: list[dict]) -> tuple[RolloutBatch, dict]:
         """Group-normalised advantages and the padded batch the policy trains on (with the sampler's
-        log-probs)."""
+        log-probs).  With `grpo.overlong: soft_penalty` the rewards are penalised for length first, so
+        the advantages and `raw_rewards` include the penalty (the logged reward/* do not)."""
         g, tok = self.cfg.grpo, self.tokenizer
         rewards = torch.tensor([grade["reward"] for grade in grades], dtype=torch.float32)
+        if g.overlong == "soft_penalty":
+            rewards = rewards + self.overlong_penalties(rollout)
         advantages, raw_rewards, reward_stats = compute_group_normalized_rewards(
             rewards, g.group_size, g.advantage_eps, g.normalize_by_std)
         batch = build_rollout_batch(rollout.prompt_ids, rollout.response_ids, pad_token_id=tok.pad_token_id,
@@ -180,6 +185,25 @@ class RolloutWorker:
                                     padding_side=self.cfg.model.padding_side, response_logprobs=rollout.logprobs)
         batch.advantages, batch.raw_rewards = advantages, raw_rewards
         return batch, reward_stats
+
+    def overlong_penalties(self, rollout: Rollout) -> torch.Tensor:
+        """`[B]` DAPO's soft overlong penalty of each response (`rlft.overlong`)."""
+        g = self.cfg.grpo
+        lengths = torch.tensor([len(ids) for ids in rollout.response_ids])
+        return soft_overlong_penalty(lengths, self.cfg.sampling.max_tokens, g.overlong_buffer, g.overlong_penalty)
+
+    def filter_overlong(self, batch: RolloutBatch, rollout: Rollout) -> dict:
+        """With `grpo.overlong: filter`, zero the response mask of responses cut by max_tokens (in
+        place); the counts of either overlong mode for the log (nothing when it is off)."""
+        g = self.cfg.grpo
+        if g.overlong == "filter":
+            cut = truncated_rows(rollout.finish_reasons)
+            batch.response_mask[cut] = 0.0
+            return {"overlong/filtered": float(cut.sum()), "tokens/response": float(batch.response_mask.sum())}
+        if g.overlong == "soft_penalty":
+            penalties = self.overlong_penalties(rollout)
+            return {"overlong/penalised": float((penalties < 0).sum()), "overlong/penalty_mean": float(penalties.mean())}
+        return {}
 
     def samples(self, examples: list[Example], rollout: Rollout, grades: list[dict]) -> list[dict]:
         """A few completions, spread over the batch, for the log (`examples`: one per group)."""
