@@ -84,7 +84,7 @@ def rollout_mismatch_sums(trainer_log_probs: Tensor, sampler_log_probs: Tensor, 
     inf = torch.full_like(ratio, float("inf"))
     return {
         "tokens": keep.float().sum(),
-        "k3": total(ratio - 1.0 - log_ratio),
+        "k3": total((ratio - 1.0 - log_ratio).clamp(min=0.0)),  # >= 0 but for float rounding
         "k1": total(-log_ratio),
         "ratio": total(ratio),
         "capped": total((ratio > cap).float()),
