@@ -194,12 +194,14 @@ class RolloutWorker:
 
     def filter_overlong(self, batch: RolloutBatch, rollout: Rollout) -> dict:
         """With `grpo.overlong: filter`, zero the response mask of responses cut by max_tokens (in
-        place); the counts of either overlong mode for the log (nothing when it is off)."""
+        place); the counts of either overlong mode for the log (nothing when it is off).  The
+        step's response_length/* and tokens/* (and the throughput read from them) keep counting
+        what was sampled."""
         g = self.cfg.grpo
         if g.overlong == "filter":
             cut = truncated_rows(rollout.finish_reasons)
             batch.response_mask[cut] = 0.0
-            return {"overlong/filtered": float(cut.sum()), "tokens/response": float(batch.response_mask.sum())}
+            return {"overlong/filtered": float(cut.sum())}
         if g.overlong == "soft_penalty":
             penalties = self.overlong_penalties(rollout)
             return {"overlong/penalised": float((penalties < 0).sum()), "overlong/penalty_mean": float(penalties.mean())}
