@@ -134,7 +134,8 @@ class MicroBatchMismatch:
     sums of the step's micro-batches so far and reports, for micro-batch i, ``n · (M_i - M_{i-1})``
     with ``M_i`` the metrics of micro-batches 1..i: the reports average to ``M_n``, the metrics of
     the whole batch, exactly (up to float rounding). The step's first micro-batch is recognised by
-    counting calls modulo ``num_micro_batches`` (every step runs exactly that many).
+    counting calls modulo ``num_micro_batches`` (every step runs exactly that many). With several
+    data-parallel replicas, DeepSpeed then averages the replicas' values (each a whole replica's).
     """
 
     def __init__(self):
