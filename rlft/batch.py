@@ -43,14 +43,15 @@ class RolloutBatch:
     """``B`` sequences (prompt + response) padded into one batch: what the policy trains on.
 
     Token-aligned ``[B, T]``: ``input_ids``, ``attention_mask`` (long).
-    Label-aligned ``[B, T-1]`` (column t scores token t+1): ``response_mask`` (float), and the
-    ``old_logprobs`` / ``ref_logprobs`` (float32) that later steps may add.
+    Label-aligned ``[B, T-1]`` (column t scores token t+1): ``response_mask`` (float), the
+    ``sampler_logprobs`` (float32) the rollout engine reported for the response tokens (0 elsewhere),
+    and the ``old_logprobs`` / ``ref_logprobs`` (float32) that later steps may add.
     Per sequence ``[B]``: ``prompt_lengths``, ``response_lengths`` (long; eos/bos included), and the
     ``advantages`` / ``raw_rewards`` (float) of a graded rollout.
 
     The fields are filled in the step's order: the rollout role builds the batch with its
     advantages, the reference role adds ``ref_logprobs``, the policy its own ``old_logprobs``.
-    SFT batches leave the four optional fields None.
+    SFT batches leave the optional fields None.
     """
 
     input_ids: Tensor
@@ -62,6 +63,7 @@ class RolloutBatch:
     raw_rewards: Optional[Tensor] = None
     ref_logprobs: Optional[Tensor] = None
     old_logprobs: Optional[Tensor] = None
+    sampler_logprobs: Optional[Tensor] = None
 
     @property
     def labels(self) -> Tensor:
@@ -92,6 +94,7 @@ class Labels:
     raw_rewards: Optional[Tensor] = None  # [b]
     ref_logprobs: Optional[Tensor] = None  # [b, T-1]
     old_logprobs: Optional[Tensor] = None  # [b, T-1]
+    sampler_logprobs: Optional[Tensor] = None  # [b, T-1]
 
     @classmethod
     def of(cls, batch: RolloutBatch, fields: Sequence[str]) -> Labels:
@@ -153,6 +156,7 @@ def build_rollout_batch(
     bos_token_id: Optional[int] = None,
     padding_side: str = "right",
     pad_to_multiple_of: Optional[int] = None,
+    response_logprobs: Optional[Sequence[Sequence[float]]] = None,
 ) -> RolloutBatch:
     """Pad prompt + response token ids into one batch with a response mask.
 
@@ -164,11 +168,13 @@ def build_rollout_batch(
         eos_token_id, bos_token_id: ids kept out of the response mask (None: exclude nothing).
         padding_side: ``"right"`` or ``"left"``, see the module docstring.
         pad_to_multiple_of: round T up to a multiple of this (extra padding goes on the right).
+        response_logprobs: B lists, one log-prob per response token (the sampler's); they become
+            ``sampler_logprobs`` at the labels that score those tokens, 0 elsewhere.
 
     Returns:
-        A :class:`RolloutBatch` (its optional training inputs None): ``input_ids [B, T]``,
-        ``attention_mask [B, T]``, ``response_mask [B, T-1]``, ``prompt_lengths [B]``,
-        ``response_lengths [B]``.
+        A :class:`RolloutBatch` (its optional training inputs None, but ``sampler_logprobs`` when
+        given): ``input_ids [B, T]``, ``attention_mask [B, T]``, ``response_mask [B, T-1]``,
+        ``prompt_lengths [B]``, ``response_lengths [B]``.
     """
     if padding_side not in ("right", "left"):
         raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
@@ -183,6 +189,12 @@ def build_rollout_batch(
     for i, p in enumerate(prompts):
         if not p:
             raise ValueError(f"prompt_ids[{i}] is empty; every prompt needs at least one token")
+    if response_logprobs is not None:
+        if len(response_logprobs) != len(responses):
+            raise ValueError(f"got {len(response_logprobs)} lists of response_logprobs for {len(responses)} responses")
+        for i, (lp, r) in enumerate(zip(response_logprobs, responses)):
+            if len(lp) != len(r):
+                raise ValueError(f"response_logprobs[{i}] has {len(lp)} values for {len(r)} response tokens")
 
     batch = len(prompts)
     p_len = [len(p) for p in prompts]
@@ -201,11 +213,14 @@ def build_rollout_batch(
     input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((batch, width), dtype=torch.long)
     is_response = torch.zeros((batch, width), dtype=torch.bool)  # token positions, not labels
+    sampler_logprobs = None if response_logprobs is None else torch.zeros((batch, width - 1))
     for i in range(batch):
         a, b, c = prompt_start[i], response_start[i], response_start[i] + r_len[i]
         input_ids[i, a:b] = torch.tensor(prompts[i], dtype=torch.long)
         if r_len[i]:
             input_ids[i, b:c] = torch.tensor(responses[i], dtype=torch.long)
+            if sampler_logprobs is not None:  # token t is scored by label column t - 1
+                sampler_logprobs[i, b - 1:c - 1] = torch.tensor(response_logprobs[i], dtype=torch.float32)
         attention_mask[i, a:c] = 1
         is_response[i, b:c] = True
 
@@ -222,6 +237,7 @@ def build_rollout_batch(
         response_mask=keep[:, 1:].float(),
         prompt_lengths=torch.tensor(p_len, dtype=torch.long),
         response_lengths=torch.tensor(r_len, dtype=torch.long),
+        sampler_logprobs=sampler_logprobs,
     )
 
 

@@ -24,7 +24,8 @@ import yaml
 # new loss, KL estimator, aggregation or backend is accepted as soon as it is registered there.
 from rlft.common import DTYPE_CHOICES
 from rlft.engines import BACKENDS
-from rlft.grpo import AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+from rlft.grpo import AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
+from rlft.overlong import OVERLONG_MODES
 
 
 class ConfigError(ValueError):
@@ -92,6 +93,15 @@ class GRPOConfig:
     # groups whose rewards differ (at most max_sampling_rounds rounds; then zero-variance groups fill in).
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 4
+    # Sampler vs trainer log-probs (rollout_mismatch/* is logged on every step).  tis = truncated
+    # importance sampling: the policy-gradient term of each token x min(pi_trainer / pi_sampler, cap).
+    rollout_is: str = "none"  # none | tis
+    rollout_is_cap: float = 2.0
+    # Responses cut by sampling.max_tokens (DAPO): filter = no loss on them; soft_penalty = reward
+    # - overlong_penalty x (how far into the last overlong_buffer tokens the response ran).
+    overlong: str = "none"  # none | filter | soft_penalty
+    overlong_buffer: int = 256  # tokens before max_tokens where the soft penalty starts
+    overlong_penalty: float = 1.0  # the soft penalty at max_tokens
 
     @property
     def needs_reference(self) -> bool:
@@ -350,6 +360,20 @@ def _check_reward(r: RewardConfig) -> None:
     _require(0 < r.timeout_s < float("inf"), f"reward.timeout_s: must be a finite number > 0, got {r.timeout_s}")
 
 
+def _check_rollout_corrections(g: GRPOConfig, s: SamplingConfig) -> None:
+    _require(g.rollout_is in ROLLOUT_IS_MODES,
+             f"grpo.rollout_is: must be one of {', '.join(ROLLOUT_IS_MODES)}, got '{g.rollout_is}'")
+    _require(1 <= g.rollout_is_cap < float("inf"), f"grpo.rollout_is_cap: must be a number >= 1, got {g.rollout_is_cap}")
+    _require(g.overlong in OVERLONG_MODES,
+             f"grpo.overlong: must be one of {', '.join(OVERLONG_MODES)}, got '{g.overlong}'")
+    if g.overlong == "soft_penalty":
+        _require(1 <= g.overlong_buffer <= s.max_tokens,
+                 f"grpo.overlong_buffer: must be between 1 and sampling.max_tokens ({s.max_tokens}), "
+                 f"got {g.overlong_buffer}")
+    _require(0 <= g.overlong_penalty < float("inf"),
+             f"grpo.overlong_penalty: must be a finite number >= 0, got {g.overlong_penalty}")
+
+
 def validate(cfg: RunConfig) -> RunConfig:
     """Range and consistency checks that types alone cannot express."""
     g, s, o, sch, t, m = cfg.grpo, cfg.sampling, cfg.optim, cfg.schedule, cfg.topology, cfg.model
@@ -380,6 +404,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         _require(g.group_size >= 2, f"grpo.dynamic_sampling: needs grpo.group_size >= 2 (a group of one "
                                     f"never has differing rewards), got {g.group_size}")
     _check_reward(cfg.reward)
+    _check_rollout_corrections(g, s)
     _require(sch.time_limit_minutes is None or 0 < sch.time_limit_minutes < float("inf"),
              f"schedule.time_limit_minutes: must be a number > 0 or null, got {sch.time_limit_minutes}")
     if g.loss_type == "no_baseline" and g.group_size != 1:

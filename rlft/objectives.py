@@ -13,7 +13,15 @@ from torch import Tensor
 
 from rlft.batch import Labels
 from rlft.config import GRPOConfig
-from rlft.grpo import POLICY_LOSS_METRIC_KEYS, masked_mean, policy_loss
+from rlft.grpo import (
+    POLICY_LOSS_METRIC_KEYS,
+    ROLLOUT_MISMATCH_METRIC_KEYS,
+    MicroBatchMismatch,
+    masked_mean,
+    policy_loss,
+    rollout_mismatch_sums,
+    truncated_is_weights,
+)
 
 
 class Objective(Protocol):
@@ -33,18 +41,22 @@ class Objective(Protocol):
 
 
 class GRPOObjective:
-    """A GRPO-family loss (`grpo.loss_type`, `rlft.grpo.POLICY_LOSSES`) plus the KL penalty."""
+    """A GRPO-family loss (`grpo.loss_type`, `rlft.grpo.POLICY_LOSSES`) plus the KL penalty; with
+    `grpo.rollout_is: tis`, its policy-gradient term weighted per token by truncated importance
+    sampling against the sampler's log-probs.  The sampler-trainer mismatch is measured on every
+    step (`rollout_mismatch/*`, see `rlft.grpo.rollout_correction`)."""
 
-    metric_names = (*POLICY_LOSS_METRIC_KEYS, "entropy")
+    metric_names = (*POLICY_LOSS_METRIC_KEYS, "entropy", *ROLLOUT_MISMATCH_METRIC_KEYS)
 
     def __init__(self, g: GRPOConfig, max_tokens: int):
         self.g = g
         self.max_tokens = max_tokens  # the constant of aggregation "constant" (Dr. GRPO)
         self.needs_old_logprobs = g.recomputes_old_logprobs
         self.needs_reference = g.needs_reference
-        self.label_fields = ("response_mask", "advantages", "raw_rewards",
+        self.label_fields = ("response_mask", "advantages", "raw_rewards", "sampler_logprobs",
                              *(("old_logprobs",) if g.recomputes_old_logprobs else ()),
                              *(("ref_logprobs",) if g.needs_reference else ()))
+        self.mismatch = MicroBatchMismatch()
 
     def loss(self, logp: Tensor, entropy: Tensor, labels: Labels, *, num_tokens_total: float,
              num_micro_batches: int) -> tuple[Tensor, dict[str, Tensor]]:
@@ -57,15 +69,25 @@ class GRPOObjective:
             old = logp.detach()
         else:
             old = labels.old_logprobs
+        # The trainer's log-probs of the weights that sampled: recomputed before the first epoch, or
+        # (one epoch per rollout) the current ones.  (With old_logprobs=reference and several epochs,
+        # the current epoch's.)
+        behaviour = labels.old_logprobs if g.recomputes_old_logprobs else logp.detach()
+        weights = None
+        if g.rollout_is == "tis":
+            weights = truncated_is_weights(behaviour, labels.sampler_logprobs, g.rollout_is_cap)
         loss, metrics = policy_loss(
             logp, labels.response_mask, loss_type=g.loss_type, advantages=labels.advantages,
             raw_rewards=labels.raw_rewards, old_log_probs=old,
             ref_log_probs=labels.ref_logprobs if g.kl_coef > 0 else None, cliprange=g.cliprange,
             cliprange_high=g.cliprange_high, kl_coef=g.kl_coef, kl_estimator=g.kl_estimator,
             aggregation=g.aggregation, constant_normalizer=float(self.max_tokens),
-            num_tokens_total=num_tokens_total, num_micro_batches=num_micro_batches)
+            num_tokens_total=num_tokens_total, num_micro_batches=num_micro_batches,
+            rollout_is_weights=weights)
         metrics = {k: metrics[k].detach().float() for k in POLICY_LOSS_METRIC_KEYS}
         metrics["entropy"] = masked_mean(entropy.detach().float(), labels.response_mask)
+        sums = rollout_mismatch_sums(behaviour, labels.sampler_logprobs, labels.response_mask, g.rollout_is_cap)
+        metrics.update(self.mismatch.report(sums, num_micro_batches))
         return loss, metrics
 
 

@@ -76,6 +76,28 @@ def test_left_padding_aligns_responses_after_the_longest_prompt():
     assert out["response_lengths"] == [2, 3]
 
 
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_sampler_logprobs_sit_at_the_labels_of_their_tokens(side):
+    # Row 0: prompt [5,6,7], response [9,10] with log-probs -0.1, -0.2; row 1: [8] then [11,12,EOS].
+    b = build_rollout_batch(
+        [[5, 6, 7], [8]], [[9, 10], [11, 12, EOS]], pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS,
+        padding_side=side, response_logprobs=[[-0.1, -0.2], [-1.0, -2.0, -3.0]],
+    )
+    got = b.sampler_logprobs
+    if side == "right":
+        # labels [[6,7,9,10],[11,12,EOS,PAD]]: the log-prob of token t sits in label column t-1
+        assert torch.equal(got, torch.tensor([[0, 0, -0.1, -0.2], [-1.0, -2.0, -3.0, 0]]))
+        assert b.response_mask.tolist() == [[0, 0, 1, 1], [1, 1, 0, 0]]
+    else:
+        # labels [[6,7,9,10,PAD],[PAD,8,11,12,EOS]]
+        assert torch.equal(got, torch.tensor([[0, 0, -0.1, -0.2, 0], [0, 0, -1.0, -2.0, -3.0]]))
+        assert b.response_mask.tolist() == [[0, 0, 1, 1, 0], [0, 0, 1, 1, 0]]
+    assert b.sampler_logprobs.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"response_logprobs\[1\] has 2 values for 3 response tokens"):
+        build_rollout_batch([[5], [8]], [[9], [11, 12, 13]], pad_token_id=PAD, response_logprobs=[[0.0], [0.0, 0.0]])
+    assert build_rollout_batch([[5]], [[9]], pad_token_id=PAD).sampler_logprobs is None
+
+
 def test_pad_equal_to_eos_is_decided_by_attention_not_id():
     # pad id == eos id == 2; row 0's response ends with a real eos, row 1 is padded with 2s
     prompts, responses = [[5, 6], [7]], [[9, EOS], [10]]

@@ -42,8 +42,9 @@ def test_pool_fills_with_earliest_zero_variance_groups_when_rounds_run_out():
 def test_selected_rows_follow_the_group_major_layout():
     assert group_rows([1, 3], 2) == [2, 3, 6, 7]
     r = Rollout([0, 0, 1, 1], [[5], [5], [6], [6]], [[1], [2], [3], [4]], ["a", "b", "c", "d"],
-                ["7", "7", "8", "8"], ["stop"] * 4, ["p0", "p0", "p1", "p1"])
+                ["7", "7", "8", "8"], ["stop"] * 4, ["p0", "p0", "p1", "p1"], [[-0.1], [-0.2], [-0.3], [-0.4]])
     both = Rollout.empty().extend(r).extend(r.select([2, 3]))
     assert both.responses == ["a", "b", "c", "d", "c", "d"]
     picked = both.select(group_rows([0, 2], 2))
     assert picked.responses == ["a", "b", "c", "d"] and picked.ground_truths == ["7", "7", "8", "8"]
+    assert picked.logprobs == [[-0.1], [-0.2], [-0.3], [-0.4]]

@@ -132,6 +132,16 @@ def tokens(tokenizer, pieces: list) -> list[int]:
     return [p if isinstance(p, int) else tokenizer.convert_tokens_to_ids(p) for p in pieces]
 
 
+@torch.no_grad()
+def model_token_logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """The model's own log-probs of ``response`` after ``prompt``: ``log_softmax`` of its raw logits
+    (temperature 1, nothing else applied), one unpadded forward pass, the trainer's definition."""
+    full = torch.tensor([prompt + response])
+    logits = model(input_ids=full).logits[0, :-1].float()
+    logp = torch.log_softmax(logits, dim=-1).gather(1, full[0, 1:, None]).squeeze(1)
+    return logp[len(prompt) - 1:]
+
+
 # The chain cases shared with the vLLM tests: (prompt text, spec kwargs, expected pieces,
 # expected text, finish reason). "<eos>" stands for the eos id.
 def chain_cases(tokenizer):
@@ -269,6 +279,42 @@ def test_seeded_sampling_is_reproducible_and_samples_differ(tokenizer):
     # Unseeded calls draw fresh samples from the engine's own (seeded) stream.
     unseeded = SamplingSpec(temperature=1.0, n=1, max_tokens=8, min_tokens=8, stop=[])
     assert engine.generate(prompts, unseeded) != engine.generate(prompts, unseeded)
+
+
+def test_completions_carry_the_raw_logprobs_of_their_tokens(tokenizer):
+    """Each token's log-prob is the model's own (raw logits, temperature 1), whatever the sampling
+    settings: penalty, temperature, top-p and min_tokens shape what is drawn, not what is reported."""
+    model = random_model(tokenizer, seed=3, std=0.05)
+    engine = HFEngine(model, dtype="float32", tokenizer=tokenizer)
+    prompts = [encode(tokenizer, "Hi"), encode(tokenizer, "a longer prompt, left-padded less")]
+    spec = SamplingSpec(temperature=0.7, top_p=0.9, repetition_penalty=1.3, min_tokens=3, max_tokens=8, stop=[],
+                        n=2, seed=4)
+    out = engine.generate(prompts, spec)
+    for prompt, group in zip(prompts, out):
+        for c in group:
+            assert len(c.logprobs) == len(c.token_ids) == 8
+            want = model_token_logprobs(model, prompt, c.token_ids)
+            torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=2e-5, rtol=0)
+            # Not the processed distribution's: temperature 0.7 alone would sharpen every log-prob.
+            assert not torch.allclose(torch.tensor(c.logprobs), torch.log_softmax(
+                model(input_ids=torch.tensor([prompt + c.token_ids])).logits[0, len(prompt) - 1:-1] / 0.7, -1
+            ).gather(1, torch.tensor(c.token_ids)[:, None]).squeeze(1), atol=1e-3)
+    # Asked not to, the engine returns none.
+    [[c]] = engine.generate(prompts[:1], SamplingSpec(max_tokens=4, stop=[], seed=1, logprobs=False))
+    assert c.logprobs is None
+
+
+@pytest.mark.parametrize("case", [0, 2, 4, 8, 9])
+def test_chain_logprobs_include_eos_masked_by_min_tokens(chain_engine, tokenizer, case):
+    """Greedy chain completions: near-certain tokens (log-prob ~0), and in case 9 the runner-up "y"
+    that min_tokens forced (its raw log-prob is far below 0, as eos was the model's choice)."""
+    prompt, kwargs, pieces, _, _ = chain_cases(tokenizer)[case]
+    ids = encode(tokenizer, prompt)
+    [[c]] = chain_engine.generate([ids], SamplingSpec(temperature=0.0, **{"max_tokens": 16, **kwargs}))
+    want = model_token_logprobs(chain_engine.model, ids, c.token_ids)
+    torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=2e-5, rtol=0)
+    if case == 9:
+        assert c.logprobs[1] < -5 and c.logprobs[0] > -1e-3 and c.logprobs[2] > -1e-3
 
 
 # ----------------------------------------------------------------------------- weights

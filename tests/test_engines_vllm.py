@@ -277,6 +277,24 @@ def test_seeded_sampling_reproducible_with_distinct_samples(engine, tokenizer):
 
 
 @requires_vllm
+def test_completions_carry_the_raw_logprobs_of_their_tokens(engine, tokenizer):
+    """vLLM's returned log-probs are the model's own (raw logits, temperature 1): they match the HF
+    model's on the same weights within float noise, whatever the penalty, temperature and top-p."""
+    source = helpers.random_model(tokenizer, seed=15, std=0.05)
+    engine.update_weights(source.state_dict().items())
+    prompts = [helpers.encode(tokenizer, "Hi"), helpers.encode(tokenizer, "Q: 3+4=?")]
+    spec = SamplingSpec(temperature=0.7, top_p=0.9, repetition_penalty=1.3, n=2, max_tokens=6, min_tokens=2,
+                        stop=[], seed=3)
+    for prompt, group in zip(prompts, engine.generate(prompts, spec)):
+        for c in group:
+            assert len(c.logprobs) == len(c.token_ids) == 6
+            want = helpers.model_token_logprobs(source, prompt, c.token_ids)
+            torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=1e-4, rtol=1e-4)
+    [[c]] = engine.generate(prompts[:1], SamplingSpec(max_tokens=4, stop=[], seed=1, logprobs=False))
+    assert c.logprobs is None
+
+
+@requires_vllm
 def test_sleep_and_wake_are_noops_on_cpu(engine, tokenizer, chain_state):
     engine.update_weights(chain_state.items())
     engine.sleep()

@@ -19,8 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "launch" / "configs" / "grpo_cpu_tiny.yaml"
 
 
-def launch(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, RLFT_PROGRESS="0")
+def launch(*overrides: str, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RLFT_PROGRESS="0", **(env or {}))
     return subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(CONFIG), *overrides],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -103,6 +103,17 @@ def test_kl_and_entropy_are_real_numbers(tiny_run):
     assert all(s["entropy"] > 0 for s in steps)
     # On-policy, one epoch per rollout: ratio exactly 1, nothing clipped.
     assert all(s["clip_fraction"] == 0 and s["ratio_mean"] == pytest.approx(1.0) for s in steps)
+
+
+def test_sampler_and_trainer_logprobs_agree(tiny_run):
+    # Same fp32 weights on both sides (synced every step): the mismatch is float noise, measured
+    # over the two micro-batches of the 2-stage pipeline; default runs log it without using it.
+    for s in read_steps(tiny_run["out"]):
+        assert abs(s["rollout_mismatch/kl"]) < 1e-6, s  # k3 >= 0 per token; micro-batch sums round
+        assert abs(s["rollout_mismatch/ratio_mean"] - 1) < 1e-4
+        assert s["rollout_mismatch/ratio_min"] <= s["rollout_mismatch/ratio_mean"] <= s["rollout_mismatch/ratio_max"]
+        assert s["rollout_mismatch/ratio_max"] < 1.001 and s["rollout_mismatch/capped_fraction"] == 0
+        assert not any(k.startswith("overlong/") for k in s)
 
 
 def test_sampler_weights_equal_policy_after_every_sync(tiny_run):
@@ -200,3 +211,74 @@ def test_several_epochs_per_rollout_use_the_sampling_policy_as_old(tiny_run, tmp
     moved = [s for s in steps if s["batch/zero_variance_group_fraction"] < 1]
     assert moved, steps
     assert all(s["ratio_max"] > 1.0 for s in moved)
+
+
+# A reward function a user might write: 1 when the response holds a 7, else 0.25.
+SEVEN_REWARD = '''
+def reward(response, ground_truth):
+    return 1.0 if "7" in response else 0.25
+'''
+TWO_RANKS = ("topology.policy_ranks=[0]", "topology.pipeline_stages=1", "topology.sampler_rank=1",
+             "topology.reference_rank=1", "topology.evaluator_rank=1")
+
+
+def logged_samples(out: Path) -> dict[int, list[tuple[float, str]]]:
+    """(reward, response) of every completion logged to TensorBoard's text tab, by step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    found = {}
+    for event in acc.Tensors("samples/text_summary"):
+        rows = []
+        for part in event.tensor_proto.string_val[0].decode().split("\n\n---\n\n"):
+            header, _question, block = part.split("\n\n", 2)
+            reward = float(header.split()[1])
+            rows.append((reward, block.removeprefix("    <think>").replace("\n    ", "\n")))
+        found[event.step] = rows
+    return found
+
+
+def test_custom_reward_function_end_to_end_on_two_ranks(tiny_run, tmp_path):
+    """reward.fn names a module of the user's (on PYTHONPATH): the logged rewards are exactly what it
+    gives.  The same run switches on TIS and overlong filtering and checks what they log."""
+    module_dir = tmp_path / "user_rewards"
+    module_dir.mkdir()
+    (module_dir / "seven_reward.py").write_text(SEVEN_REWARD)
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(module_dir), os.environ.get("PYTHONPATH")) if p)}
+    out = tmp_path / "custom_reward"
+    res = launch(*tiny_run["common"][:2], f"output.dir={out}", *tiny_run["common"][3:], *TWO_RANKS,
+                 "reward.fn=seven_reward:reward", "schedule.steps=2", "schedule.save_every=0",
+                 "schedule.evaluate_freq=0", "schedule.log_samples_every=1", "schedule.num_logged_samples=4",
+                 "grpo.rollout_is=tis", "grpo.overlong=filter", env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    assert "rlft.train_grpo: 2 rank(s)" in res.stderr
+    steps = read_steps(out)
+    samples = logged_samples(out)
+    assert [s["step"] for s in steps] == [1, 2] and sorted(samples) == [1, 2]
+    possible_means = {(k * 1.0 + (4 - k) * 0.25) / 4 for k in range(5)}
+    for s in steps:
+        rows = samples[s["step"]]
+        assert len(rows) == 4  # every response of the step (rollout_batch_size 4)
+        for reward, response in rows:
+            assert reward == (1.0 if "7" in response else 0.25), (reward, response)
+        assert s["reward/mean"] == pytest.approx(sum(r for r, _ in rows) / 4, abs=1e-12)
+        assert s["reward/mean"] in possible_means and s["reward/answer"] == s["reward/mean"]
+        assert {s["batch/reward_min"], s["batch/reward_max"]} <= {0.25, 1.0}
+        # The HF sampler and the pipeline run the same fp32 weights on CPU: the sampler's log-probs
+        # agree with the trainer's to float noise, token by token (so they are aligned right).
+        assert abs(s["rollout_mismatch/kl"]) < 1e-6
+        assert abs(s["rollout_mismatch/ratio_max"] - 1) < 1e-3 and abs(s["rollout_mismatch/ratio_min"] - 1) < 1e-3
+        assert s["rollout_mismatch/capped_fraction"] == 0
+        assert s["overlong/filtered"] == pytest.approx(4 * s["response_length/clipped_fraction"])
+
+
+def test_a_bad_reward_function_is_refused_before_launch(tiny_run, tmp_path):
+    out = tmp_path / "never"
+    res = launch(*tiny_run["common"][:2], f"output.dir={out}", *tiny_run["common"][3:], *TWO_RANKS,
+                 "reward.fn=no_such_reward_module:reward", timeout=300)
+    assert res.returncode == 2, res.stderr[-3000:]
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("rlft: config error: reward.fn: "), lines
+    assert "no_such_reward_module" in lines[0]
+    assert not out.exists()

@@ -40,6 +40,7 @@ class SamplingSpec:
       far are divided by it when positive and multiplied by it when negative.
     * ``seed``: completion ``j`` of prompt ``i`` uses seed ``seed + i * n + j`` on vLLM; the HF
       backend seeds the whole call with ``seed``. ``None`` draws from the engine's own stream.
+    * ``logprobs``: return each sampled token's log-prob (``Completion.logprobs``), see there.
     """
 
     temperature: float = 1.0
@@ -51,6 +52,7 @@ class SamplingSpec:
     repetition_penalty: float = 1.1
     n: int = 1
     seed: int | None = None
+    logprobs: bool = True
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first out-of-range field."""
@@ -87,11 +89,20 @@ class Completion:
     model stopped on eos (``finish_reason == "eos"``), or with the token that completed a
     stop string (``"stop"``); ``"length"`` means ``max_tokens`` ran out. ``text`` is the
     detokenised response without special tokens, cut at the stop string.
+
+    ``logprobs`` (when ``SamplingSpec.logprobs``; else None) holds, for each of ``token_ids``, its
+    log-prob under the engine's **raw** next-token distribution: ``log_softmax`` of the model's
+    logits at temperature 1, before the repetition penalty, temperature, top-p and ``min_tokens``
+    shape the distribution that was actually sampled from (vLLM's default ``logprobs_mode``,
+    ``raw_logprobs``). That is the trainer's own definition of a token's log-prob, so the two can
+    be compared directly: whatever differs is the engines' numerics (kernels, dtype, batching) or
+    weights that are not yet synced, never the sampling settings.
     """
 
     token_ids: list[int]
     text: str
     finish_reason: str
+    logprobs: list[float] | None = None
 
 
 class RolloutEngine(ABC):

@@ -9,7 +9,9 @@ It reproduces vLLM's sampling semantics rather than HF's defaults:
   after its own warpers);
 * a stop string ends a response at the token that completes it, only after ``min_tokens``
   tokens, and ``token_ids`` keep that whole token while ``text`` is cut at the stop string;
-* a response that stops on eos keeps the eos id as its last token.
+* a response that stops on eos keeps the eos id as its last token;
+* each sampled token's log-prob is the one vLLM returns by default (``raw_logprobs``): of the
+  model's own logits, before ``min_tokens``, the penalty, temperature and top-p.
 """
 
 from __future__ import annotations
@@ -72,6 +74,53 @@ class VLLMStyleLogitsProcessor(LogitsProcessor):
             drop = drop_sorted.scatter(1, order, drop_sorted)
             scores = scores.masked_fill(drop, float("-inf"))
         return scores
+
+
+class _MinTokens(LogitsProcessor):
+    """Eos cannot end a response before ``min_tokens`` tokens (vLLM's ``min_tokens``; HF's
+    ``min_new_tokens`` would run before :class:`_SampledLogprobs` and hide the raw eos logit)."""
+
+    def __init__(self, prompt_width: int, min_tokens: int, eos_token_ids: Sequence[int]):
+        self.prompt_width = prompt_width
+        self.min_tokens = min_tokens
+        self.eos_token_ids = list(eos_token_ids)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if input_ids.shape[1] - self.prompt_width < self.min_tokens:
+            scores = scores.clone()
+            scores[:, self.eos_token_ids] = float("-inf")
+        return scores
+
+
+class _SampledLogprobs(LogitsProcessor):
+    """Records the log-prob of every sampled token under the model's raw logits.
+
+    Must be the first processor, so that ``scores`` are the model's logits (``generate`` passes
+    them in float32). The token drawn from step t's distribution is only known at step t + 1 (the
+    last column of ``input_ids``), so only one step's ``log_softmax`` ``[B, V]`` is held at a time;
+    :meth:`collect` reads the last step's from the finished sequences.
+    """
+
+    def __init__(self):
+        self.pending: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.pending is not None:
+            self.steps.append(self.pending.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def collect(self, sequences: torch.LongTensor, generated: int) -> torch.Tensor:
+        """``[B, generated]`` log-probs of the last ``generated`` columns of ``sequences``."""
+        steps = list(self.steps)
+        if self.pending is not None:
+            steps.append(self.pending.gather(1, sequences[:, -1:]).squeeze(1))
+        if len(steps) != generated:
+            raise RuntimeError(f"recorded log-probs of {len(steps)} steps for {generated} generated tokens")
+        if not steps:
+            return torch.zeros((sequences.shape[0], 0))
+        return torch.stack(steps, dim=1).cpu()
 
 
 def find_stop(
@@ -249,17 +298,21 @@ class HFEngine(RolloutEngine):
             temperature=1.0,  # applied by VLLMStyleLogitsProcessor, after the penalty
             top_p=1.0,
             repetition_penalty=1.0,
-            min_new_tokens=spec.min_tokens,
-            max_new_tokens=spec.max_tokens,
+            max_new_tokens=spec.max_tokens,  # min_tokens: _MinTokens below
             num_return_sequences=n_sampled,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
         )
         if not spec.greedy:
             config.top_k = 0  # HF's default top_k=50 would otherwise apply (vLLM: no top-k)
-        processor = VLLMStyleLogitsProcessor(
-            pad_lens, spec.repetition_penalty, None if spec.greedy else spec.temperature, spec.top_p
-        )
+        recorder = _SampledLogprobs() if spec.logprobs else None
+        processors = LogitsProcessorList([
+            *([recorder] if recorder is not None else []),  # first: it reads the raw logits
+            _MinTokens(width, spec.min_tokens, self.eos_token_ids),
+            VLLMStyleLogitsProcessor(
+                pad_lens, spec.repetition_penalty, None if spec.greedy else spec.temperature, spec.top_p
+            ),
+        ])
         criteria = StoppingCriteriaList()
         stopper = None
         if spec.stop:
@@ -269,17 +322,24 @@ class HFEngine(RolloutEngine):
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
             generation_config=config,
-            logits_processor=LogitsProcessorList([processor]),
+            logits_processor=processors,
             stopping_criteria=criteria,
         )
         generated = output[:, width:].tolist()  # [P * n_sampled, T], prompt-major
-        completions = [
-            self._finish(ids, spec, stopper.fired_at.get(row) if stopper is not None else None)
-            for row, ids in enumerate(generated)
-        ]
+        logprobs = recorder.collect(output, output.shape[1] - width).tolist() if recorder is not None else None
+        completions = []
+        for row, ids in enumerate(generated):
+            c = self._finish(ids, spec, stopper.fired_at.get(row) if stopper is not None else None)
+            if logprobs is not None:
+                c.logprobs = logprobs[row][: len(c.token_ids)]
+            completions.append(c)
         if n_sampled == spec.n:
             return [completions[i * spec.n : (i + 1) * spec.n] for i in range(len(prompts))]
-        return [[replace(c, token_ids=list(c.token_ids)) for _ in range(spec.n)] for c in completions]
+        return [
+            [replace(c, token_ids=list(c.token_ids), logprobs=None if c.logprobs is None else list(c.logprobs))
+             for _ in range(spec.n)]
+            for c in completions
+        ]
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -172,6 +172,9 @@ class VLLMEngine(RolloutEngine):
             max_model_len=max_model_len,
             worker_extension_cls=WORKER_EXTENSION,
             enable_sleep_mode=enable_sleep_mode,
+            # Completion.logprobs: the raw model's log-probs, the trainer's definition (vLLM's
+            # default, pinned here since the trainer's comparison depends on it).
+            logprobs_mode="raw_logprobs",
         )
         if tokenizer is not None:
             kwargs["tokenizer"] = tokenizer if isinstance(tokenizer, str) else tokenizer.name_or_path
@@ -214,6 +217,7 @@ class VLLMEngine(RolloutEngine):
                 stop=list(spec.stop),
                 include_stop_str_in_output=spec.include_stop_str_in_output,
                 repetition_penalty=spec.repetition_penalty,
+                logprobs=0 if spec.logprobs else None,  # 0: the sampled token's alone
                 # vLLM gives the j-th of n samples seed + j: distinct seeds for every sample.
                 seed=None if spec.seed is None else spec.seed + i * spec.n,
             )
@@ -418,7 +422,10 @@ def _completion(output) -> Completion:
         reason = "eos"
     elif reason not in ("stop", "length"):
         raise RuntimeError(f"vLLM finished a request with {reason!r} (stop_reason={output.stop_reason!r})")
-    return Completion(token_ids=list(output.token_ids), text=output.text, finish_reason=reason)
+    logprobs = None
+    if output.logprobs is not None:  # one {token id: Logprob} per generated token
+        logprobs = [float(position[token].logprob) for position, token in zip(output.logprobs, output.token_ids)]
+    return Completion(token_ids=list(output.token_ids), text=output.text, finish_reason=reason, logprobs=logprobs)
 
 
 def _chain_first(first, rest):

@@ -15,6 +15,7 @@ One module per piece:
     kl.py             KL estimators (by name) and the entropy
     reductions.py     masked mean / normalise, aggregate_loss and its modes
     training_loss.py  policy_loss: the pieces combined, with the metrics the trainer logs
+    rollout_correction.py  the sampler's log-probs against the trainer's: mismatch metrics, TIS weights
 
 Shapes: ``B`` sequences (rollouts) per (micro-)batch, ``T`` label positions per sequence (the
 trainer's per-token log-probs are aligned to ``labels = input_ids[:, 1:]``), ``V`` vocabulary.
@@ -49,6 +50,14 @@ from rlft.grpo.losses import (
     register_policy_loss,
 )
 from rlft.grpo.reductions import AGGREGATION_MODES, aggregate_loss, masked_mean, masked_normalize
+from rlft.grpo.rollout_correction import (
+    ROLLOUT_IS_MODES,
+    ROLLOUT_MISMATCH_METRIC_KEYS,
+    MicroBatchMismatch,
+    rollout_mismatch_metrics,
+    rollout_mismatch_sums,
+    truncated_is_weights,
+)
 from rlft.grpo.training_loss import POLICY_LOSS_METRIC_KEYS, policy_loss
 
 __all__ = [
@@ -56,6 +65,9 @@ __all__ = [
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
     "POLICY_LOSS_METRIC_KEYS",
+    "ROLLOUT_IS_MODES",
+    "ROLLOUT_MISMATCH_METRIC_KEYS",
+    "MicroBatchMismatch",
     "aggregate_loss",
     "compute_entropy",
     "compute_grpo_clip_loss",
@@ -67,4 +79,7 @@ __all__ = [
     "masked_normalize",
     "policy_loss",
     "register_policy_loss",
+    "rollout_mismatch_metrics",
+    "rollout_mismatch_sums",
+    "truncated_is_weights",
 ]

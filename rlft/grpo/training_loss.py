@@ -33,6 +33,7 @@ def policy_loss(
     constant_normalizer: Optional[float] = None,
     num_tokens_total: Optional[float] = None,
     num_micro_batches: int = 1,
+    rollout_is_weights: Optional[Tensor] = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Training loss of one (micro-)batch: policy-gradient loss + ``kl_coef`` · KL, aggregated.
 
@@ -46,12 +47,16 @@ def policy_loss(
         kl_estimator: ``"k1" | "k2" | "k3"``.
         aggregation, constant_normalizer, num_tokens_total, num_micro_batches: see
             :func:`aggregate_loss`.
+        rollout_is_weights: ``[B, T]`` per-token weights of the policy-gradient term (TIS,
+            :func:`rlft.grpo.rollout_correction.truncated_is_weights`), without gradient; the KL
+            term is not weighted. None: weight 1.
 
     Returns:
         ``(loss, metrics)``: the scalar loss to backpropagate, and detached float32 scalars under
         the fixed keys :data:`POLICY_LOSS_METRIC_KEYS` whatever the loss type:
 
-        * ``pg_loss``: the policy-gradient part, aggregated like the loss;
+        * ``pg_loss``: the policy-gradient part (weighted, with ``rollout_is_weights``), aggregated
+          like the loss;
         * ``kl``: masked mean of the per-token KL (computed whenever ``ref_log_probs`` is given,
           even with kl_coef 0, for monitoring; 0 without it);
         * ``clip_fraction``: share of response tokens where the clipped term was taken (0 for
@@ -83,6 +88,11 @@ def policy_loss(
         num_tokens_total=num_tokens_total,
         num_micro_batches=num_micro_batches,
     )
+    if rollout_is_weights is not None:
+        if rollout_is_weights.shape != pg_per_token.shape:
+            raise ValueError(f"rollout_is_weights has shape {tuple(rollout_is_weights.shape)} but the loss "
+                             f"has {tuple(pg_per_token.shape)}")
+        pg_per_token = pg_per_token * rollout_is_weights.detach()
     per_token = pg_per_token
     kl_per_token = None
     if ref_log_probs is not None:

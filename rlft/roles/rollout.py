@@ -24,6 +24,7 @@ from rlft.dynamic_sampling import GroupPool, group_rows, informative_groups
 from rlft.engines.base import RolloutEngine, SamplingSpec
 from rlft.grader import default_grader
 from rlft.grpo import compute_group_normalized_rewards
+from rlft.overlong import soft_overlong_penalty, truncated_rows
 from rlft.prompts import format_prompt
 from rlft.rewards import make_reward_fn
 
@@ -41,10 +42,11 @@ class Rollout:
     ground_truths: list[str]
     finish_reasons: list[str]
     prompts: list[str]  # per response
+    logprobs: list[list[float]]  # per response token: the engine's raw log-prob (Completion.logprobs)
 
     @classmethod
     def empty(cls) -> "Rollout":
-        return cls([], [], [], [], [], [], [])
+        return cls(*([] for _ in fields(cls)))
 
     def extend(self, other: "Rollout") -> "Rollout":
         """This rollout's rows followed by `other`'s."""
@@ -63,7 +65,8 @@ def sampling_spec(cfg: SamplingConfig, *, n: int, seed: int | None, evaluation: 
         min_tokens=cfg.min_tokens,
         max_tokens=(cfg.eval_max_tokens or cfg.max_tokens) if evaluation else cfg.max_tokens,
         stop=list(cfg.stop), include_stop_str_in_output=cfg.include_stop_str_in_output,
-        repetition_penalty=cfg.repetition_penalty, n=n, seed=seed)
+        repetition_penalty=cfg.repetition_penalty, n=n, seed=seed,
+        logprobs=not evaluation)  # the trainer compares the sampler's log-probs with its own
 
 
 def _untimed(phase: str) -> AbstractContextManager:
@@ -127,6 +130,7 @@ class RolloutWorker:
             batch, reward_stats = self.to_batch(rollout, grades)
             metrics["epoch_ended"] = self.prompts.epoch_done
         metrics.update(rollout_metrics(rollout, grades, batch, reward_stats))
+        metrics.update(self.filter_overlong(batch, rollout))  # after: lengths describe what was sampled
         metrics["prompt_indices"] = [ex.index for ex in examples]
         every = cfg.schedule.log_samples_every
         if every and step % every == 0:
@@ -146,6 +150,9 @@ class RolloutWorker:
                 raise RuntimeError(f"rollout engine returned {len(group)} completions for a prompt, "
                                    f"expected {self.group_size}")
             for c in group:
+                if c.logprobs is None:
+                    raise RuntimeError(f"{type(self.engine).__name__} returned no log-probs; the trainer needs "
+                                       "the sampler's log-prob of every response token (Completion.logprobs)")
                 out.example_indices.append(ex.index)
                 out.prompt_ids.append(ids)
                 out.response_ids.append(list(c.token_ids))
@@ -153,6 +160,7 @@ class RolloutWorker:
                 out.ground_truths.append(ex.ground_truth)
                 out.finish_reasons.append(c.finish_reason)
                 out.prompts.append(text)
+                out.logprobs.append(list(c.logprobs))
         return out
 
     def grade(self, rollout: Rollout) -> tuple[list[dict], dict]:
@@ -163,16 +171,41 @@ class RolloutWorker:
         return grades, {f"grader/{k}": float(getattr(stats, k)) for k in GRADER_COUNTERS}
 
     def to_batch(self, rollout: Rollout, grades: list[dict]) -> tuple[RolloutBatch, dict]:
-        """Group-normalised advantages and the padded batch the policy trains on."""
+        """Group-normalised advantages and the padded batch the policy trains on (with the sampler's
+        log-probs).  With `grpo.overlong: soft_penalty` the rewards are penalised for length first, so
+        the advantages and `raw_rewards` include the penalty (the logged reward/* do not)."""
         g, tok = self.cfg.grpo, self.tokenizer
         rewards = torch.tensor([grade["reward"] for grade in grades], dtype=torch.float32)
+        if g.overlong == "soft_penalty":
+            rewards = rewards + self.overlong_penalties(rollout)
         advantages, raw_rewards, reward_stats = compute_group_normalized_rewards(
             rewards, g.group_size, g.advantage_eps, g.normalize_by_std)
         batch = build_rollout_batch(rollout.prompt_ids, rollout.response_ids, pad_token_id=tok.pad_token_id,
                                     eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
-                                    padding_side=self.cfg.model.padding_side)
+                                    padding_side=self.cfg.model.padding_side, response_logprobs=rollout.logprobs)
         batch.advantages, batch.raw_rewards = advantages, raw_rewards
         return batch, reward_stats
+
+    def overlong_penalties(self, rollout: Rollout) -> torch.Tensor:
+        """`[B]` DAPO's soft overlong penalty of each response (`rlft.overlong`)."""
+        g = self.cfg.grpo
+        lengths = torch.tensor([len(ids) for ids in rollout.response_ids])
+        return soft_overlong_penalty(lengths, self.cfg.sampling.max_tokens, g.overlong_buffer, g.overlong_penalty)
+
+    def filter_overlong(self, batch: RolloutBatch, rollout: Rollout) -> dict:
+        """With `grpo.overlong: filter`, zero the response mask of responses cut by max_tokens (in
+        place); the counts of either overlong mode for the log (nothing when it is off).  The
+        step's response_length/* and tokens/* (and the throughput read from them) keep counting
+        what was sampled."""
+        g = self.cfg.grpo
+        if g.overlong == "filter":
+            cut = truncated_rows(rollout.finish_reasons)
+            batch.response_mask[cut] = 0.0
+            return {"overlong/filtered": float(cut.sum())}
+        if g.overlong == "soft_penalty":
+            penalties = self.overlong_penalties(rollout)
+            return {"overlong/penalised": float((penalties < 0).sum()), "overlong/penalty_mean": float(penalties.mean())}
+        return {}
 
     def samples(self, examples: list[Example], rollout: Rollout, grades: list[dict]) -> list[dict]:
         """A few completions, spread over the batch, for the log (`examples`: one per group)."""

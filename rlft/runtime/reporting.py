@@ -52,7 +52,7 @@ def format_samples(rows: list[dict]) -> str:
     for r in rows:
         question = " ".join(r["question"].split())
         response = "    " + ("<think>" + r["response"]).replace("\n", "\n    ")  # a code block keeps it verbatim
-        parts.append(f"**reward {r['reward']:.0f} (format {r['format_reward']:.0f}), ground truth "
+        parts.append(f"**reward {r['reward']:g} (format {r['format_reward']:g}), ground truth "
                      f"`{r['ground_truth']}`**\n\n> {question}\n\n{response}")
     return "\n\n---\n\n".join(parts)
 
