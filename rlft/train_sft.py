@@ -136,7 +136,7 @@ def run(ctx: RankContext) -> None:
     if final is not None:
         evaluate_existing(ctx, final)
         return
-    write_resolved_config(ctx)
+    write_resolved_config(ctx, rollouts=False)
     build_roles(ctx, SFTObjective(), batch_size=cfg.sft.batch_size, rollouts=False)
     if ctx.evaluator is not None and cfg.sampling.vllm.sleep_mode:
         ctx.evaluator.engine.sleep()  # its memory goes to the policy until the first evaluation

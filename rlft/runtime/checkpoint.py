@@ -25,13 +25,13 @@ import numpy as np
 import torch
 
 from rlft.common import log
-from rlft.config import ConfigError
+from rlft.config import CHECKPOINT_STATE_FILE, ConfigError
 from rlft.models import load_hf_config
 
 if TYPE_CHECKING:
     from rlft.runtime.context import RankContext
 
-STATE_FILE = "trainer_state.json"
+STATE_FILE = CHECKPOINT_STATE_FILE
 FINAL_STATE_FILE = "rlft_state.json"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
