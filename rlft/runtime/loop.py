@@ -35,9 +35,10 @@ class StepClock:
 
 
 def open_tracker(ctx: RankContext, start: int) -> None:
-    """Rank 0 opens TensorBoard and steps.jsonl (a resumed run drops TensorBoard's later steps)."""
+    """Rank 0 opens TensorBoard and steps.jsonl, keeping only the records of steps up to `start`
+    (the checkpoint the run continues from; 0 = none)."""
     if ctx.roles.rank == 0:
-        ctx.tracker = Tracker(ctx.cfg.output.dir, purge_step=start + 1 if start else None)
+        ctx.tracker = Tracker(ctx.cfg.output.dir, resume_step=start)
         log.info("TensorBoard: tensorboard --logdir %s", ctx.tracker.tb_dir)
 
 
