@@ -127,6 +127,9 @@ class OptimConfig:
     lr_schedule: str = "constant"  # constant | cosine (after warm-up)
     rollout_batch_size: int = 256  # responses per step = prompts per step * group_size
     train_micro_batch_size: int = 2  # sequences per pipeline micro-batch
+    # A step whose loss or gradient is not finite skips its update; this many in a row stop the run
+    # (exit status 1, no checkpoint of those steps, no model/ export).
+    max_nonfinite_steps: int = 3
 
 
 @dataclass
@@ -135,7 +138,7 @@ class ScheduleConfig:
     evaluate_freq: int = 10  # 0 = never (the final evaluation still runs)
     evaluate_at_start: bool = False
     save_every: int = 50  # 0 = only at epoch ends and at the end
-    sync_every: int = 1  # push policy weights to the sampler every N steps
+    sync_every: int = 1  # push policy weights to the sampler every N steps (and always before an evaluation)
     # Training time budget of one launch (null = none): the step that would end past it becomes the last
     # one (saved, exported, evaluated); launching again continues the run from there.
     time_limit_minutes: float | None = None
@@ -435,6 +438,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(o.lr_schedule in ("constant", "cosine"),
              f"optim.lr_schedule: must be constant or cosine, got '{o.lr_schedule}'")
     _require(o.warmup_steps >= 0, f"optim.warmup_steps: must be >= 0, got {o.warmup_steps}")
+    _require(o.max_nonfinite_steps >= 1, f"optim.max_nonfinite_steps: must be >= 1, got {o.max_nonfinite_steps}")
     _require(o.train_micro_batch_size >= 1,
              f"optim.train_micro_batch_size: must be >= 1, got {o.train_micro_batch_size}")
     _require(o.rollout_batch_size >= 1, f"optim.rollout_batch_size: must be >= 1, got {o.rollout_batch_size}")

@@ -26,7 +26,7 @@ from rlft.config import ConfigError, RunConfig, load_config_or_exit
 from rlft.objectives import SFTObjective
 from rlft.roles.sft_data import SFTFeeder
 from rlft.runtime.build import build_roles
-from rlft.runtime.checkpoint import resume_checkpoint, save_checkpoint
+from rlft.runtime.checkpoint import resume_checkpoint
 from rlft.runtime.context import RankContext
 from rlft.runtime.entry import finished_output, resolve_start_model, write_resolved_config
 from rlft.runtime.evaluation import evaluate_existing, run_evaluation
@@ -55,7 +55,7 @@ def check_sft_config(cfg: RunConfig) -> None:
 
 def sft_step(ctx: RankContext, step: int, last: bool = False) -> dict:
     """One SFT step on every rank; returns this rank's metrics (the coordinator logs them all).
-    The evaluation after the last step runs in `train`, after the final checkpoint."""
+    The evaluation after the last step runs in `run_steps`, after the final checkpoint."""
     cfg = ctx.cfg
     metrics: dict = {}
     batch = None
@@ -73,7 +73,7 @@ def sft_step(ctx: RankContext, step: int, last: bool = False) -> dict:
             metrics.update(ctx.policy.update(batch))
 
     # 3. Evaluation on the held-out split, with the policy's current weights.
-    if cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0:
+    if cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0 and not last:
         metrics.update(evaluate_now(ctx, step))
     return metrics
 
@@ -105,9 +105,8 @@ def train_throughput(gathered: list[dict]) -> dict:
 
 def train(ctx: RankContext, data_info: dict) -> None:
     """Resume (`output.resume`), then the steps with checkpoints every `schedule.save_every` and at
-    the end (which also writes OUT/model/), and a final evaluation unless the last step had one."""
+    the end (which also writes OUT/model/), then the final evaluation."""
     cfg, bridge = ctx.cfg, ctx.bridge
-    total = cfg.schedule.steps
     start = resume_checkpoint(ctx)
     open_tracker(ctx, start)
     if ctx.tracker is not None and start == 0:
@@ -115,11 +114,7 @@ def train(ctx: RankContext, data_info: dict) -> None:
                                 **{f"data/skipped/{k}": v for k, v in data_info["skipped"].items()}})
     if cfg.schedule.evaluate_at_start and start == 0:
         report(ctx, 0, bridge.gather_objects(evaluate_now(ctx, 0, sync=False), dst=0))
-    end = run_steps(ctx, sft_step, start, desc="sft", extra_metrics=train_throughput)
-    if start >= total:  # resumed from the last step's checkpoint: only the final model is missing
-        save_checkpoint(ctx, total, final=True)
-    if cfg.schedule.evaluate_freq == 0 or end % cfg.schedule.evaluate_freq or start >= total:
-        report(ctx, end, bridge.gather_objects(evaluate_now(ctx, end), dst=0))
+    run_steps(ctx, sft_step, start, desc="sft", final_eval=evaluate_now, extra_metrics=train_throughput)
     close_tracker(ctx)
 
 
