@@ -25,7 +25,7 @@ import sys
 from rlft.config import ConfigError, RunConfig, load_config_or_exit
 from rlft.objectives import SFTObjective
 from rlft.roles.sft_data import SFTFeeder
-from rlft.runtime.build import build_roles
+from rlft.runtime.build import agree_on_config_error, build_roles
 from rlft.runtime.checkpoint import resume_checkpoint
 from rlft.runtime.context import RankContext
 from rlft.runtime.entry import finished_output, resolve_start_model, write_resolved_config
@@ -123,7 +123,15 @@ def run(ctx: RankContext) -> None:
     that many steps is evaluated instead of trained."""
     cfg, bridge = ctx.cfg, ctx.bridge
     resolve_start_model(ctx)
-    ctx.feeder = SFTFeeder(cfg, ctx.tokenizer) if ctx.roles.sampler else None
+    error = None
+    if ctx.roles.sampler:
+        from rlft.models import context_length
+
+        try:
+            ctx.feeder = SFTFeeder(cfg, ctx.tokenizer, context=context_length(ctx.model_path))
+        except ConfigError as e:  # e.g. no usable example: every rank stops with it
+            error = str(e)
+    agree_on_config_error(ctx, error)
     info = bridge.broadcast_object(ctx.feeder.info() if ctx.feeder else None, src=cfg.topology.sampler_rank)
     cfg.schedule.steps = info["total_steps"]
 

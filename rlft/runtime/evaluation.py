@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from rlft.common import log
-from rlft.runtime.build import engine_for_run
+from rlft.runtime.build import engine_for_run, prompt_limit
 from rlft.runtime.context import RankContext
 
 
@@ -40,8 +40,9 @@ def evaluate_existing(ctx: RankContext, model_dir: Path) -> None:
 
     if ctx.roles.evaluator:
         log.info("%s already holds a trained model: evaluating it instead of training", model_dir)
+        limit = prompt_limit(ctx.cfg, str(model_dir), evaluation=True)
         engine = engine_for_run(ctx, str(model_dir))
-        ctx.evaluator = Evaluator(ctx.cfg, engine, ctx.tokenizer)
+        ctx.evaluator = Evaluator(ctx.cfg, engine, ctx.tokenizer, max_prompt_tokens=limit)
         summary = ctx.evaluator.evaluate("final", progress=True)
         log.info("evaluation of %s: accuracy %.4f, format %.4f -> %s", model_dir, summary["accuracy"],
                  summary["format_rate"], Path(ctx.cfg.output.dir) / "eval" / "final")
