@@ -414,6 +414,17 @@ def test_the_expected_configs_ship():
             "grpo_cpu_demo.yaml", "grpo_cpu_tiny.yaml"} <= names
 
 
+def test_the_readme_names_every_shipped_config_and_the_real_output_paths():
+    readme = (REPO / "README.md").read_text()
+    table = [line for line in readme.splitlines() if line.startswith("| `")]
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        assert any(line.startswith(f"| `{path.name}` |") for line in table), path.name
+    # The layout the README shows is the one the code writes (zero-padded step directories, model/).
+    assert "eval/step_000010/" in readme and "checkpoints/step_000010/" in readme
+    assert "step_N" not in readme and "runs/grpo/final" not in readme
+    assert "runs/grpo/final" not in (REPO / "rlft" / "evaluate.py").read_text()
+
+
 @pytest.mark.parametrize("path", GRPO_CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_config_loads_and_validates(path):
     data = yaml.safe_load(path.read_text())
