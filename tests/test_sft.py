@@ -327,8 +327,10 @@ def test_sft_resumes_mid_epoch_exactly(sft_run, tmp_path, tiny_model, gsm8k_dir)
     assert "(step 3)" in proc.stderr and "resuming from" in proc.stderr
 
     original = {s["step"]: s["loss"] for s in _steps(first) if "loss" in s}
-    resumed = [s for s in _steps(out) if "loss" in s][6:]  # appended after the copied 6 lines
-    assert [s["step"] for s in resumed] == [4, 5, 6]
+    # The copied records of steps 4-6 were dropped with their checkpoint: one line per step.
+    steps = [s for s in _steps(out) if "loss" in s]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6]
+    resumed = steps[3:]
     for s in resumed:
         assert s["loss"] == pytest.approx(original[s["step"]], rel=1e-5)
     a = {k: v for f in sorted((first / "model").glob("*.safetensors")) for k, v in load_file(f).items()}
