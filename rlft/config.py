@@ -32,6 +32,10 @@ class ConfigError(ValueError):
     """A configuration mistake; the message names the key path."""
 
 
+# What marks a complete checkpoint directory (written last; rlft.runtime.checkpoint.STATE_FILE).
+CHECKPOINT_STATE_FILE = "trainer_state.json"
+
+
 @dataclass
 class ModelConfig:
     path: str = "smollm2-135m-instruct"  # HF hub id, local HF directory, .gguf file, or the offline default
@@ -133,6 +137,9 @@ class OptimConfig:
     lr_schedule: str = "constant"  # constant | cosine (after warm-up)
     rollout_batch_size: int = 256  # responses per step = prompts per step * group_size
     train_micro_batch_size: int = 2  # sequences per pipeline micro-batch
+    # A step whose loss or gradient is not finite skips its update; this many in a row stop the run
+    # (exit status 1, no checkpoint of those steps, no model/ export).
+    max_nonfinite_steps: int = 3
 
 
 @dataclass
@@ -141,7 +148,7 @@ class ScheduleConfig:
     evaluate_freq: int = 10  # 0 = never (the final evaluation still runs)
     evaluate_at_start: bool = False
     save_every: int = 50  # 0 = only at epoch ends and at the end
-    sync_every: int = 1  # push policy weights to the sampler every N steps
+    sync_every: int = 1  # push policy weights to the sampler every N steps (and always before an evaluation)
     # Training time budget of one launch (null = none): the step that would end past it becomes the last
     # one (saved, exported, evaluated); launching again continues the run from there.
     time_limit_minutes: float | None = None
@@ -374,6 +381,15 @@ def _check_rollout_corrections(g: GRPOConfig, s: SamplingConfig) -> None:
              f"grpo.overlong_penalty: must be a finite number >= 0, got {g.overlong_penalty}")
 
 
+def _check_prompt_template(template: str) -> None:
+    from rlft.prompts import get_template
+
+    try:
+        get_template(template)
+    except ValueError as e:
+        raise ConfigError(f"data.prompt_template: {e}") from None
+
+
 def validate(cfg: RunConfig) -> RunConfig:
     """Range and consistency checks that types alone cannot express."""
     g, s, o, sch, t, m = cfg.grpo, cfg.sampling, cfg.optim, cfg.schedule, cfg.topology, cfg.model
@@ -391,6 +407,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     if g.cliprange_high is not None:
         _require(g.cliprange_high > 0, f"grpo.cliprange_high: must be > 0, got {g.cliprange_high}")
     _require(g.advantage_eps >= 0, f"grpo.advantage_eps: must be >= 0, got {g.advantage_eps}")
+    if g.normalize_by_std:
+        _require(g.advantage_eps > 0, f"grpo.advantage_eps: must be > 0 when grpo.normalize_by_std is true (a group "
+                                      f"whose rewards are all equal would divide 0 by 0), got {g.advantage_eps}")
     _require(g.kl_coef >= 0, f"grpo.kl_coef: must be >= 0, got {g.kl_coef}")
     _require(g.kl_estimator in KL_ESTIMATORS,
              f"grpo.kl_estimator: must be one of {', '.join(KL_ESTIMATORS)}, got '{g.kl_estimator}'")
@@ -426,13 +445,17 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(0 < o.eps < 1, f"optim.eps: must be in (0, 1), got {o.eps}")
     _require(s.eval_max_tokens is None or s.eval_max_tokens >= 1,
              f"sampling.eval_max_tokens: must be >= 1 or null, got {s.eval_max_tokens}")
+    _require(s.eval_max_tokens is None or s.eval_max_tokens >= s.min_tokens,
+             f"sampling.eval_max_tokens: must be >= sampling.min_tokens ({s.min_tokens}), the evaluation's "
+             f"forced minimum, got {s.eval_max_tokens}")
     _require(s.vllm.max_model_len is None or s.vllm.max_model_len >= 1,
              f"sampling.vllm.max_model_len: must be >= 1 or null, got {s.vllm.max_model_len}")
     _require(s.vllm.kv_cache_memory_bytes is None or s.vllm.kv_cache_memory_bytes >= 1,
              f"sampling.vllm.kv_cache_memory_bytes: must be >= 1 or null, got {s.vllm.kv_cache_memory_bytes}")
     _require(cfg.output.keep_checkpoints >= 0,
              f"output.keep_checkpoints: must be >= 0 (0 = keep all), got {cfg.output.keep_checkpoints}")
-    _require(sch.num_logged_samples >= 0, f"schedule.num_logged_samples: must be >= 0, got {sch.num_logged_samples}")
+    _require(sch.num_logged_samples >= 1, f"schedule.num_logged_samples: must be >= 1 (log no samples with "
+                                           f"schedule.log_samples_every=0), got {sch.num_logged_samples}")
     _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
              f"optim.betas: must be two numbers in [0, 1), got {o.betas}")
     _require(o.weight_decay >= 0, f"optim.weight_decay: must be >= 0, got {o.weight_decay}")
@@ -440,6 +463,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(o.lr_schedule in ("constant", "cosine"),
              f"optim.lr_schedule: must be constant or cosine, got '{o.lr_schedule}'")
     _require(o.warmup_steps >= 0, f"optim.warmup_steps: must be >= 0, got {o.warmup_steps}")
+    _require(o.max_nonfinite_steps >= 1, f"optim.max_nonfinite_steps: must be >= 1, got {o.max_nonfinite_steps}")
     _require(o.train_micro_batch_size >= 1,
              f"optim.train_micro_batch_size: must be >= 1, got {o.train_micro_batch_size}")
     _require(o.rollout_batch_size >= 1, f"optim.rollout_batch_size: must be >= 1, got {o.rollout_batch_size}")
@@ -454,6 +478,11 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(sch.sync_every >= 1, f"schedule.sync_every: must be >= 1, got {sch.sync_every}")
     _require(cfg.output.resume in ("auto", "never") or bool(cfg.output.resume),
              "output.resume: must be auto, never or a checkpoint path")
+    if cfg.output.resume not in ("auto", "never"):
+        _require((Path(cfg.output.resume).expanduser() / CHECKPOINT_STATE_FILE).is_file(),
+                 f"output.resume: {cfg.output.resume} is not a complete rlft checkpoint (no {CHECKPOINT_STATE_FILE}); "
+                 f"use auto, never, or a directory OUT/checkpoints/step_N")
+    _check_prompt_template(cfg.data.prompt_template)
     _require(cfg.device in ("auto", "cuda", "cpu"), f"device: must be auto, cuda or cpu, got '{cfg.device}'")
     _require(cfg.data.eval_size is None or cfg.data.eval_size >= 1,
              f"data.eval_size: must be >= 1 or null, got {cfg.data.eval_size}")
@@ -475,6 +504,23 @@ def validate(cfg: RunConfig) -> RunConfig:
              f"optim.rollout_batch_size: {o.rollout_batch_size} must split evenly into {dp} data-parallel "
              f"replica(s) x micro-batches of optim.train_micro_batch_size={o.train_micro_batch_size}")
     return cfg
+
+
+def config_warnings(cfg: RunConfig, *, rollouts: bool = True) -> list[str]:
+    """Settings that are valid but waste a run without failing it, one sentence each (logged at
+    start).  `rollouts`: the trainer samples training responses (GRPO; not SFT)."""
+    found = []
+    s, g = cfg.sampling, cfg.grpo
+    if rollouts and s.temperature == 0 and g.group_size > 1:
+        found.append(f"sampling.temperature is 0 with grpo.group_size {g.group_size}: the responses to a prompt are "
+                     f"identical, so every group's advantages are 0 and the policy learns nothing; sample with "
+                     f"sampling.temperature > 0")
+    source = Path(cfg.data.source).expanduser()
+    if source.is_file():
+        found.append(f"data.source {cfg.data.source} is a single file: the evaluation (data.eval_split) scores the "
+                     f"training rows themselves; point data.source at a directory holding "
+                     f"{cfg.data.train_split} and {cfg.data.eval_split} files to evaluate on held-out rows")
+    return found
 
 
 def check_topology(t: TopologyConfig) -> None:

@@ -1,6 +1,6 @@
 """Evaluate a model on GSM8K-style maths from the command line.
 
-    python -m rlft.evaluate --model runs/grpo/final --data gsm8k:test --num-examples 200
+    python -m rlft.evaluate --model runs/grpo/model --data gsm8k:test --num-examples 200
 
 ``--data`` takes ``gsm8k[:split]`` (the hub's ``openai/gsm8k``), ``gsm_symbolic[:split]`` or
 ``reasoning_gym:TASK[?key=value&...][:split]`` (offline generators), a hub id ``org/name[:split]``,
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import sys
 import time
@@ -242,7 +243,42 @@ def load_inputs(args: argparse.Namespace) -> tuple[str, list[tuple[DataSpec, lis
     return model_path, sets
 
 
+def prepare_vllm_environment() -> None:
+    """Settings vLLM reads when it starts, unless the user chose otherwise.  Its engine runs in a
+    child process, which cannot use CUDA when forked after torch has looked for a GPU ("Cannot
+    re-initialize CUDA in forked subprocess"): spawn it.  Its log lines go to stderr, warnings only,
+    so stdout holds the results."""
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def drop_long_questions(sets: list[tuple[DataSpec, list]], tokenizer, model_path: str, template: str,
+                        max_tokens: int) -> tuple[list[tuple[DataSpec, list]], dict[str, int]]:
+    """Each set without the questions whose prompt leaves no room for `max_tokens` in the model's
+    positions (one warning per set says how many), and how many each lost.  Raises InputError when
+    no prompt can fit, or a set loses every question."""
+    from rlft.data import LoadResult
+    from rlft.models import context_length
+    from rlft.prompts import SKIP_PROMPT_TOO_LONG, drop_long_prompts, prompt_token_limit
+
+    try:
+        limit = prompt_token_limit(context_length(model_path), max_tokens, "--max-tokens")
+    except ValueError as exc:
+        raise InputError(_one_line(exc)) from None
+    kept, skipped = [], {}
+    for data, examples in sets:
+        result = drop_long_prompts(LoadResult(list(examples)), tokenizer, template, limit, f"{data.source}:{data.split}")
+        skipped[data.label] = result.skipped.get(SKIP_PROMPT_TOO_LONG, 0)
+        if not result.examples:
+            raise InputError(f"data {data.source}:{data.split}: no question's prompt fits the model's positions "
+                             f"with --max-tokens {max_tokens} (at most {limit} prompt tokens)")
+        kept.append((data, result.examples))
+    return kept, skipped
+
+
 def main(argv: list[str] | None = None) -> int:
+    prepare_vllm_environment()  # before anything looks at CUDA or imports vLLM
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
@@ -261,6 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     spec = build_spec(args)
     try:
         tokenizer = load_tokenizer(model_path, padding_side="left")
+        sets, skipped = drop_long_questions(sets, tokenizer, model_path, args.prompt_template, spec.max_tokens)
+    except OSError as exc:  # e.g. a hub id while offline, or a directory without a tokenizer
+        print(f"{PROG}: error: could not load {args.model!r}: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except InputError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
         engine = make_engine(args.backend, model_path, dtype=resolve_dtype(args.dtype, device), device=device,
                              seed=args.seed, tokenizer=tokenizer)
     except OSError as exc:  # e.g. a hub id while offline, or a directory without a tokenizer
@@ -284,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
             # What produced these numbers, so a summary file stands on its own.
             summary.update(model=args.model, data=f"{data.source}:{data.split}", split=data.split,
                            engine=type(engine).__name__, device=device, temperature=spec.temperature,
-                           top_p=spec.top_p, max_tokens=spec.max_tokens, seed=args.seed)
+                           top_p=spec.top_p, max_tokens=spec.max_tokens, seed=args.seed,
+                           skipped_prompt_too_long=skipped[data.label])
             results_path, summary_path = write_results(out_dir, records, summary)
             print(f"\n{args.model} on {data.source}:{data.split}")
             print(format_summary(summary))

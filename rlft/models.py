@@ -309,3 +309,19 @@ def load_hf_config(path: str, cache_dir: str | None = None) -> Any:
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(resolve_model_path(path, cache_dir))
+
+
+# Where HF configs keep the longest sequence the model takes, most common first.
+_CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len")
+
+
+def context_length(path: str, max_model_len: int | None = None) -> int | None:
+    """The most tokens (prompt + response) the model at `path` takes: its config's
+    `max_position_embeddings` (or the like), capped by an engine's `max_model_len`; None when
+    neither says."""
+    config = load_hf_config(path)
+    config = getattr(config, "text_config", None) or config
+    found = next((v for v in (getattr(config, f, None) for f in _CONTEXT_FIELDS) if isinstance(v, int) and v > 0),
+                 None)
+    limits = [v for v in (found, max_model_len) if v]
+    return min(limits) if limits else None

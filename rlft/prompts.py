@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import re
 
-from rlft.data import parse_gsm8k_ground_truth
+import logging
+
+from rlft.data import LoadResult, parse_gsm8k_ground_truth
+
+logger = logging.getLogger(__name__)
+
+# The reason a row is skipped when its prompt leaves no room for the response (LoadResult.skipped).
+SKIP_PROMPT_TOO_LONG = "prompt_too_long"
 
 R1_ZERO_PROMPT = (
     "A conversation between User and Assistant. The User asks a question, and the Assistant "
@@ -88,3 +95,37 @@ def format_sft_target(solution: str) -> str | None:
     reasoning = solution.rsplit("####", 1)[0]
     reasoning = _CALC_ANNOTATION.sub("", reasoning).strip()
     return f" {reasoning} </think> <answer> {final} </answer>"
+
+
+def prompt_token_limit(context: int | None, response_tokens: int, what: str = "sampling.max_tokens") -> int | None:
+    """The most prompt tokens that leave room for `response_tokens` in a model taking `context`
+    tokens (None: no limit known).  Raises ValueError when no prompt fits."""
+    if context is None:
+        return None
+    if response_tokens >= context:
+        raise ValueError(f"{what}: {response_tokens} response tokens leave no room for a prompt in the model's "
+                         f"{context} positions")
+    return context - response_tokens
+
+
+def drop_long_prompts(loaded: LoadResult, tokenizer, template: str, max_prompt_tokens: int | None,
+                      what: str, chunk_size: int = 1024) -> LoadResult:
+    """`loaded` without the examples whose prompt (the question in `template`, tokenised as the
+    engines receive it) is longer than `max_prompt_tokens`: they are counted under
+    `skipped["prompt_too_long"]` and summarised in one warning, like broken rows.  A prompt too
+    long for the model would otherwise fail the step or evaluation that draws it."""
+    if max_prompt_tokens is None or not loaded.examples:
+        return loaded
+    kept = []
+    for lo in range(0, len(loaded.examples), chunk_size):
+        chunk = loaded.examples[lo:lo + chunk_size]
+        ids = tokenizer([format_prompt(ex.question, template) for ex in chunk])["input_ids"]
+        kept += [ex for ex, p in zip(chunk, ids) if len(p) <= max_prompt_tokens]
+    dropped = len(loaded.examples) - len(kept)
+    if not dropped:
+        return loaded
+    skipped = dict(loaded.skipped)
+    skipped[SKIP_PROMPT_TOO_LONG] = skipped.get(SKIP_PROMPT_TOO_LONG, 0) + dropped
+    logger.warning("%s: skipped %d rows whose prompt is longer than %d tokens (%s); kept %d",
+                   what, dropped, max_prompt_tokens, SKIP_PROMPT_TOO_LONG, len(kept))
+    return LoadResult(kept, skipped)

@@ -8,7 +8,8 @@ its roles own (rlft/roles/) and exchanging the results over the bridge:
     reference  frozen log-probs of the batch (when KL or reference old log-probs are on)
     policy     DeepSpeed pipeline: one optimizer step over the batch (GRPOObjective)
     all        fresh policy weights -> sampler (and evaluator) engines
-    evaluator  every `evaluate_freq` steps: score the eval split
+    evaluator  every `evaluate_freq` steps: score the eval split (after the last step: once its
+               checkpoint and OUT/model are written, `final_evaluation`)
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from rlft.runtime.sync import sync_weights
 
 def grpo_step(ctx: RankContext, step: int, last: bool = False) -> dict:
     """One GRPO step on every rank; returns this rank's metrics (the coordinator logs them all).
-    `last`: the run ends after this step (the held-out evaluation always runs then)."""
+    `last`: the run ends after this step; its evaluation (`final_evaluation`) then runs in
+    `run_steps`, after the final checkpoint."""
     cfg, bridge, t = ctx.cfg, ctx.bridge, ctx.cfg.topology
     metrics: dict = {}
     batch = None
@@ -50,14 +52,25 @@ def grpo_step(ctx: RankContext, step: int, last: bool = False) -> dict:
         with ctx.timed("train"):
             metrics.update(ctx.policy.update(batch, epochs=cfg.grpo.epochs_per_rollout))
 
-    # 4. Fresh weights into the sampler (and the evaluator's engine).
-    if step % cfg.schedule.sync_every == 0:
+    # 4. Fresh weights into the sampler (and the evaluator's engine), and always before an evaluation.
+    evaluate = bool(cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0 and not last)
+    if step % cfg.schedule.sync_every == 0 or evaluate:
         with ctx.timed("sync"):
             metrics.update(sync_weights(ctx))
 
-    # 5. Evaluation on the held-out split (and always after the last step).
-    if (cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0) or last:
+    # 5. Evaluation on the held-out split.
+    if evaluate:
         metrics.update(run_evaluation(ctx, step))
+    return metrics
+
+
+def final_evaluation(ctx: RankContext, step: int) -> dict:
+    """The evaluation after the last step, of its weights (synced first unless the step just did)."""
+    metrics: dict = {}
+    if step % ctx.cfg.schedule.sync_every:
+        with ctx.timed("sync"):
+            metrics.update(sync_weights(ctx))
+    metrics.update(run_evaluation(ctx, step))
     return metrics
 
 
@@ -69,7 +82,7 @@ def train(ctx: RankContext) -> None:
     open_tracker(ctx, start)
     if cfg.schedule.evaluate_at_start and start == 0:
         report(ctx, 0, ctx.bridge.gather_objects(run_evaluation(ctx, 0), dst=0))
-    run_steps(ctx, grpo_step, start, desc="grpo")
+    run_steps(ctx, grpo_step, start, desc="grpo", final_eval=final_evaluation)
     close_tracker(ctx)
 
 

@@ -25,8 +25,8 @@ import sys
 from rlft.config import ConfigError, RunConfig, load_config_or_exit
 from rlft.objectives import SFTObjective
 from rlft.roles.sft_data import SFTFeeder
-from rlft.runtime.build import build_roles
-from rlft.runtime.checkpoint import resume_checkpoint, save_checkpoint
+from rlft.runtime.build import agree_on_config_error, build_roles
+from rlft.runtime.checkpoint import resume_checkpoint
 from rlft.runtime.context import RankContext
 from rlft.runtime.entry import finished_output, resolve_start_model, write_resolved_config
 from rlft.runtime.evaluation import evaluate_existing, run_evaluation
@@ -55,7 +55,7 @@ def check_sft_config(cfg: RunConfig) -> None:
 
 def sft_step(ctx: RankContext, step: int, last: bool = False) -> dict:
     """One SFT step on every rank; returns this rank's metrics (the coordinator logs them all).
-    The evaluation after the last step runs in `train`, after the final checkpoint."""
+    The evaluation after the last step runs in `run_steps`, after the final checkpoint."""
     cfg = ctx.cfg
     metrics: dict = {}
     batch = None
@@ -73,7 +73,7 @@ def sft_step(ctx: RankContext, step: int, last: bool = False) -> dict:
             metrics.update(ctx.policy.update(batch))
 
     # 3. Evaluation on the held-out split, with the policy's current weights.
-    if cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0:
+    if cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0 and not last:
         metrics.update(evaluate_now(ctx, step))
     return metrics
 
@@ -105,9 +105,8 @@ def train_throughput(gathered: list[dict]) -> dict:
 
 def train(ctx: RankContext, data_info: dict) -> None:
     """Resume (`output.resume`), then the steps with checkpoints every `schedule.save_every` and at
-    the end (which also writes OUT/model/), and a final evaluation unless the last step had one."""
+    the end (which also writes OUT/model/), then the final evaluation."""
     cfg, bridge = ctx.cfg, ctx.bridge
-    total = cfg.schedule.steps
     start = resume_checkpoint(ctx)
     open_tracker(ctx, start)
     if ctx.tracker is not None and start == 0:
@@ -115,11 +114,7 @@ def train(ctx: RankContext, data_info: dict) -> None:
                                 **{f"data/skipped/{k}": v for k, v in data_info["skipped"].items()}})
     if cfg.schedule.evaluate_at_start and start == 0:
         report(ctx, 0, bridge.gather_objects(evaluate_now(ctx, 0, sync=False), dst=0))
-    end = run_steps(ctx, sft_step, start, desc="sft", extra_metrics=train_throughput)
-    if start >= total:  # resumed from the last step's checkpoint: only the final model is missing
-        save_checkpoint(ctx, total, final=True)
-    if cfg.schedule.evaluate_freq == 0 or end % cfg.schedule.evaluate_freq or start >= total:
-        report(ctx, end, bridge.gather_objects(evaluate_now(ctx, end), dst=0))
+    run_steps(ctx, sft_step, start, desc="sft", final_eval=evaluate_now, extra_metrics=train_throughput)
     close_tracker(ctx)
 
 
@@ -128,7 +123,15 @@ def run(ctx: RankContext) -> None:
     that many steps is evaluated instead of trained."""
     cfg, bridge = ctx.cfg, ctx.bridge
     resolve_start_model(ctx)
-    ctx.feeder = SFTFeeder(cfg, ctx.tokenizer) if ctx.roles.sampler else None
+    error = None
+    if ctx.roles.sampler:
+        from rlft.models import context_length
+
+        try:
+            ctx.feeder = SFTFeeder(cfg, ctx.tokenizer, context=context_length(ctx.model_path))
+        except ConfigError as e:  # e.g. no usable example: every rank stops with it
+            error = str(e)
+    agree_on_config_error(ctx, error)
     info = bridge.broadcast_object(ctx.feeder.info() if ctx.feeder else None, src=cfg.topology.sampler_rank)
     cfg.schedule.steps = info["total_steps"]
 
@@ -136,7 +139,7 @@ def run(ctx: RankContext) -> None:
     if final is not None:
         evaluate_existing(ctx, final)
         return
-    write_resolved_config(ctx)
+    write_resolved_config(ctx, rollouts=False)
     build_roles(ctx, SFTObjective(), batch_size=cfg.sft.batch_size, rollouts=False)
     if ctx.evaluator is not None and cfg.sampling.vllm.sleep_mode:
         ctx.evaluator.engine.sleep()  # its memory goes to the policy until the first evaluation

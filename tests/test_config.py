@@ -232,17 +232,60 @@ def test_data_parallel_batch_split():
      "sampling.min_tokens: must be between 0 and sampling.max_tokens (10), got 20"),
     (["optim.betas=[0.9]"], "optim.betas: must be two numbers in [0, 1), got [0.9]"),
     (["optim.lr=0"], "optim.lr: must be a finite number > 0, got 0.0"),
+    (["optim.lr=1e400"], "optim.lr: must be a finite number > 0, got inf"),
+    (["schedule.num_logged_samples=0"],
+     "schedule.num_logged_samples: must be >= 1 (log no samples with schedule.log_samples_every=0), got 0"),
     # consistency between settings
     (["grpo.loss_type=dapo"], "grpo.cliprange_high: required when grpo.loss_type is dapo"),
     (["grpo.loss_type=no_baseline"],
      "grpo.group_size: loss_type no_baseline uses no groups; set grpo.group_size=1 (got 8)"),
     (["grpo.group_size=3"], "optim.rollout_batch_size: must be a multiple of grpo.group_size (3), got 256"),
+    # settings that pass each check alone but fail mid-run together
+    (["sampling.min_tokens=8", "sampling.eval_max_tokens=4"],
+     "sampling.eval_max_tokens: must be >= sampling.min_tokens (8), the evaluation's forced minimum, got 4"),
+    (["grpo.advantage_eps=0"],
+     "grpo.advantage_eps: must be > 0 when grpo.normalize_by_std is true (a group whose rewards are all equal "
+     "would divide 0 by 0), got 0.0"),
+    (["data.prompt_template=r1"],
+     "data.prompt_template: unknown prompt template 'r1': use one of ['question_only', 'r1_short', 'r1_zero'] "
+     "or a literal template string containing '{question}'"),
     # malformed overrides
     (["optim.lr"], "override 'optim.lr': expected key=value, e.g. optim.lr=2e-6"),
     (["=3"], "override '=3': empty key"),
 ])
 def test_override_errors(overrides, message):
     assert error_of(None, overrides) == message
+
+
+def test_settings_that_fail_only_later_are_refused_up_front(tmp_path):
+    # Each of these used to pass the checks and fail after start-up (or run on, producing NaN).
+    assert load_config(None, ["grpo.advantage_eps=0", "grpo.normalize_by_std=false"]).grpo.advantage_eps == 0
+    assert load_config(None, ["sampling.min_tokens=4", "sampling.eval_max_tokens=4"]).sampling.eval_max_tokens == 4
+    assert load_config(None, ["data.prompt_template=Q: {question} A:"]).data.prompt_template == "Q: {question} A:"
+    missing = tmp_path / "checkpoints" / "step_000010"
+    assert error_of(None, [f"output.resume={missing}"]) == (
+        f"output.resume: {missing} is not a complete rlft checkpoint (no trainer_state.json); use auto, never, "
+        f"or a directory OUT/checkpoints/step_N")
+    missing.mkdir(parents=True)
+    assert error_of(None, [f"output.resume={missing}"]).startswith(f"output.resume: {missing} is not a complete")
+    (missing / "trainer_state.json").write_text("{}")
+    assert load_config(None, [f"output.resume={missing}"]).output.resume == str(missing)
+
+
+def test_settings_that_waste_a_run_are_warned_about(tmp_path):
+    from rlft.config import config_warnings
+
+    assert config_warnings(load_config(None)) == []
+    greedy = load_config(None, ["sampling.temperature=0"])
+    assert [w.split(":")[0] for w in config_warnings(greedy)] == ["sampling.temperature is 0 with grpo.group_size 8"]
+    assert config_warnings(greedy, rollouts=False) == []  # SFT does not sample its training data
+    assert config_warnings(load_config(None, ["sampling.temperature=0", "grpo.group_size=1",
+                                              "optim.rollout_batch_size=4"])) == []
+    single = write(tmp_path / "train.jsonl", "")
+    (warning,) = config_warnings(load_config(None, [f"data.source={single}"]))
+    assert warning.startswith(f"data.source {single} is a single file: the evaluation (data.eval_split) scores "
+                              "the training rows themselves")
+    assert config_warnings(load_config(None, [f"data.source={tmp_path}"])) == []  # a directory of splits
 
 
 def test_unknown_keys_in_the_yaml_file(tmp_path):
@@ -369,6 +412,17 @@ def test_the_expected_configs_ship():
     names = {p.name for p in GRPO_CONFIGS}
     assert {"grpo_8gpu.yaml", "grpo_4gpu.yaml", "grpo_2gpu.yaml", "grpo_1gpu.yaml",
             "grpo_cpu_demo.yaml", "grpo_cpu_tiny.yaml"} <= names
+
+
+def test_the_readme_names_every_shipped_config_and_the_real_output_paths():
+    readme = (REPO / "README.md").read_text()
+    table = [line for line in readme.splitlines() if line.startswith("| `")]
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        assert any(line.startswith(f"| `{path.name}` |") for line in table), path.name
+    # The layout the README shows is the one the code writes (zero-padded step directories, model/).
+    assert "eval/step_000010/" in readme and "checkpoints/step_000010/" in readme
+    assert "step_N" not in readme and "runs/grpo/final" not in readme
+    assert "runs/grpo/final" not in (REPO / "rlft" / "evaluate.py").read_text()
 
 
 @pytest.mark.parametrize("path", GRPO_CONFIGS, ids=lambda p: p.name)

@@ -299,3 +299,85 @@ def test_sampler_rejects_bad_sizes():
         PromptSampler(0, 4, seed=0)
     with pytest.raises(ValueError):
         PromptSampler(4, 0, seed=0)
+
+
+# ----------------------------------------------------------------------------- prompts too long for the model
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer():
+    from tiny_models import build_tiny_tokenizer
+
+    return build_tiny_tokenizer()
+
+
+def _gsm8k_split(path: Path, questions: list[str]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "test"):
+        (path / f"{split}.jsonl").write_text("".join(
+            json.dumps({"question": q, "answer": f"It is {i}.\n#### {i}"}) + "\n" for i, q in enumerate(questions)))
+    return path
+
+
+def test_prompts_longer_than_the_limit_are_skipped_and_counted(tiny_tokenizer, caplog):
+    from rlft.prompts import SKIP_PROMPT_TOO_LONG, drop_long_prompts, prompt_token_limit
+
+    short = [Example(f"What is {i} plus 1?", str(i + 1), None, "t", i) for i in range(3)]
+    huge = Example("Count the apples: " + "one apple and " * 20_000, "1", None, "t", 3)  # ~0.3 MB
+    loaded = LoadResult(short[:2] + [huge] + short[2:], {"invalid_json": 1})
+    limit = max(len(tiny_tokenizer(format_prompt(e.question))["input_ids"]) for e in short)
+    with caplog.at_level(logging.WARNING):
+        kept = drop_long_prompts(loaded, tiny_tokenizer, "r1_zero", limit, "train.jsonl [train]")
+    assert kept.examples == short
+    assert kept.skipped == {"invalid_json": 1, SKIP_PROMPT_TOO_LONG: 1}
+    assert f"train.jsonl [train]: skipped 1 rows whose prompt is longer than {limit} tokens" in caplog.text
+    # The limit is inclusive, and no limit keeps everything.
+    assert drop_long_prompts(LoadResult(short), tiny_tokenizer, "r1_zero", limit, "x").skipped == {}
+    assert drop_long_prompts(loaded, tiny_tokenizer, "r1_zero", None, "x") is loaded
+    # The limit: the model's positions minus the response budget.
+    assert prompt_token_limit(2048, 1024) == 1024 and prompt_token_limit(None, 1024) is None
+    with pytest.raises(ValueError, match="sampling.max_tokens: 2048 response tokens leave no room for a prompt "
+                                         "in the model's 2048 positions"):
+        prompt_token_limit(2048, 2048)
+
+
+def test_context_length_reads_the_model_and_the_engine_cap(tmp_path):
+    from rlft.models import context_length
+    from tiny_models import tiny_model_dir
+
+    model = tiny_model_dir(tmp_path / "m", num_layers=1, max_position_embeddings=512)
+    assert context_length(model) == 512
+    assert context_length(model, max_model_len=256) == 256
+    assert context_length(model, max_model_len=4096) == 512
+
+
+def test_sampler_refuses_fewer_usable_rows_than_prompts_per_step(tmp_path, tiny_tokenizer):
+    # 3 rows, 2 of them too long for the model: 1 usable row but 2 prompts per step.  The batch
+    # would be short and the pipeline's micro-batch iterator run dry (a bare StopIteration).
+    from rlft.config import ConfigError, load_config
+    from rlft.roles.rollout import RolloutWorker
+
+    long_q = "Count the apples: " + "one apple and " * 400
+    data = _gsm8k_split(tmp_path / "d", ["What is 1 plus 1?", long_q, long_q + "?"])
+    cfg = load_config(None, [f"data.source={data}", "data.train_size=null", "grpo.group_size=2",
+                             "optim.rollout_batch_size=4"])
+    with pytest.raises(ConfigError) as e:
+        RolloutWorker(cfg, engine=None, tokenizer=tiny_tokenizer, max_prompt_tokens=200)
+    assert str(e.value) == (
+        f"data.train_size: 1 usable training rows in {data} [train] (skipped: prompt_too_long=2), but every step "
+        f"draws optim.rollout_batch_size / grpo.group_size = 2 prompts; raise data.train_size or lower "
+        f"optim.rollout_batch_size")
+
+
+def test_evaluator_skips_long_prompts_and_refuses_when_none_fit(tmp_path, tiny_tokenizer):
+    from rlft.config import ConfigError, load_config
+    from rlft.roles.evaluator import Evaluator
+
+    long_q = "Count the apples: " + "one apple and " * 400
+    data = _gsm8k_split(tmp_path / "d", ["What is 1 plus 1?", long_q, "What is 2 plus 2?"])
+    cfg = load_config(None, [f"data.source={data}", "data.eval_size=null"])
+    ev = Evaluator(cfg, engine=None, tokenizer=tiny_tokenizer, max_prompt_tokens=200)
+    assert [e.index for e in ev.examples] == [0, 2] and ev.skipped == {"prompt_too_long": 1}
+    with pytest.raises(ConfigError, match=r"data.eval_split: none of the 3 evaluation rows .* has a prompt of at most "
+                                          r"10 tokens"):
+        Evaluator(cfg, engine=None, tokenizer=tiny_tokenizer, max_prompt_tokens=10)

@@ -316,3 +316,28 @@ def test_auto_backend_checks_cpu_model_support(model_dir, tokenizer, tmp_path):
     assert not usable and "head_dim 16" in why
     usable, why = _vllm_usable(model_dir, "cuda")
     assert not usable and "does not target device 'cuda'" in why
+
+
+@requires_vllm
+def test_evaluate_cli_with_vllm_prints_only_results_on_stdout(tmp_path):
+    # vLLM logs ~60 INFO lines to stdout by default; the command sends them to stderr, warnings only,
+    # and starts vLLM's engine process by spawn (a fork after torch's GPU probe breaks CUDA on GPUs).
+    import json
+    import subprocess
+    import sys
+
+    from tiny_models import tiny_model_dir
+
+    model_dir = tiny_model_dir(tmp_path / "model", num_layers=1)
+    data = tmp_path / "test.jsonl"
+    data.write_text(json.dumps({"question": "What is 2 plus 3?", "answer": "#### 5"}) + "\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), CUDA_VISIBLE_DEVICES="")
+    for name in ("VLLM_WORKER_MULTIPROC_METHOD", "VLLM_LOGGING_STREAM", "VLLM_LOGGING_LEVEL"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, "-m", "rlft.evaluate", "--model", str(model_dir), "--backend", "vllm",
+                           "--data", str(data), "--max-tokens", "4", "--out", str(tmp_path / "out"), "--no-progress"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].endswith(f"on {data}:test") and lines[-1].startswith("summary: "), proc.stdout
+    assert len(lines) <= 14 and not any("INFO" in line for line in lines), proc.stdout

@@ -215,6 +215,40 @@ def test_cli_end_to_end_tiny_model(tiny_model, tmp_path, gsm8k_dir):
     assert summary["seconds"] > 0 and summary["examples_per_s"] == pytest.approx(20 / summary["seconds"])
 
 
+def test_cli_skips_questions_too_long_for_the_model(tiny_model, tmp_path, monkeypatch):
+    # In-process, to see what the environment holds when torch first looks for a GPU.
+    import torch
+
+    from rlft.evaluate import main
+
+    for name in ("VLLM_WORKER_MULTIPROC_METHOD", "VLLM_LOGGING_STREAM", "VLLM_LOGGING_LEVEL"):
+        monkeypatch.setenv(name, "")  # recorded, so the test leaves the environment as it found it
+        monkeypatch.delenv(name)
+    seen = {}
+
+    def no_gpu():
+        seen["method"] = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
+        return False
+    monkeypatch.setattr(torch.cuda, "is_available", no_gpu)
+    data = tmp_path / "long.jsonl"
+    questions = ["What is 2 plus 3?", "Count the apples: " + "one apple and " * 3000, "What is 1 plus 1?"]
+    data.write_text("".join(json.dumps({"question": q, "answer": f"#### {i}"}) + "\n" for i, q in enumerate(questions)))
+    out = tmp_path / "eval"
+    assert main(["--model", tiny_model, "--data", str(data), "--num-examples", "0", "--max-tokens", "8",
+                 "--backend", "hf", "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert summary["num_examples"] == 2 and summary["skipped_prompt_too_long"] == 1
+    assert [json.loads(line)["index"] for line in (out / RESULTS_FILE).read_text().splitlines()] == [0, 2]
+    # vLLM's engine process is spawned (a fork after torch's GPU probe cannot use CUDA) and logs to stderr.
+    assert seen == {"method": "spawn"}
+    assert os.environ["VLLM_LOGGING_STREAM"] == "ext://sys.stderr" and os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
+    # A user's own choice is kept; a prompt budget the model cannot hold is one line, status 2.
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    assert main(["--model", tiny_model, "--data", str(data), "--max-tokens", "4096", "--backend", "hf",
+                 "--out", str(out)]) == 2
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+
+
 def test_cli_missing_model_path_exits_2(tmp_path):
     missing = tmp_path / "no_such_model"
     proc = run_cli(["--model", str(missing), "--data", "gsm_symbolic"], cwd=tmp_path, timeout=60)

@@ -110,6 +110,23 @@ def test_sft_total_steps_needs_one_whole_batch():
         sft_total_steps(3, 4, 1, None)
 
 
+def test_sft_feeder_fits_the_model_and_refuses_data_with_no_usable_example(tokenizer, gsm8k_dir):
+    from rlft.roles.sft_data import SFTFeeder
+
+    cfg = load_config(TINY_CONFIG, [f"data.source={gsm8k_dir}", "sft.max_seq_len=100000"])
+    rows = load_examples(str(gsm8k_dir), "train", size=cfg.sft.train_size).examples
+    # The model's positions cap sft.max_seq_len: a model of 450 positions keeps what max_seq_len=450 keeps.
+    feeder = SFTFeeder(cfg, tokenizer, context=450)
+    assert feeder.data.prompts == build_sft_data(rows, tokenizer, max_seq_len=450).prompts
+    assert len(SFTFeeder(cfg, tokenizer).data) == 10
+    # Nothing fits: a config error naming the data and why, not advice about the batch size.
+    with pytest.raises(ConfigError) as e:
+        SFTFeeder(cfg, tokenizer, context=20)
+    assert str(e.value) == (
+        f"data.source: no usable SFT example in {gsm8k_dir} [train] (skipped: too_long=10; too_long = prompt + "
+        f"target over the model's 20 positions); rows need a worked solution ending in '#### <number>' that fits")
+
+
 # ====================================================================== config checks
 
 
@@ -199,6 +216,20 @@ def sft_run(tmp_path_factory, tiny_model, gsm8k_dir):
     print(f"sft.sh ({TINY_SFT.max_steps} steps, 2 ranks): {seconds:.1f} s")
     assert proc.returncode == 0, f"launch/sft.sh failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
     return out, proc.stdout + proc.stderr
+
+
+def test_sft_with_no_usable_example_stops_every_rank_with_one_config_error(tmp_path, tiny_model, gsm8k_dir):
+    # The data rank finds out after loading; every rank then stops with its error (exit 2), none
+    # with a lost connection (exit 1), and nothing is written.
+    out = tmp_path / "run"
+    proc, _ = _launch("sft.sh", TINY_CONFIG, [f"model.path={tiny_model}", f"data.source={gsm8k_dir}",
+                                              f"output.dir={out}", "sft.max_seq_len=10"])
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    failed = [line for line in proc.stderr.splitlines() if line.startswith("rlft: rank") and " failed: " in line]
+    assert failed and all("config error: data.source: no usable SFT example" in x for x in failed), proc.stderr[-4000:]
+    assert "sft.max_seq_len=10" in failed[0] and "sft.batch_size" not in proc.stderr
+    assert "lost contact" not in proc.stderr
+    assert not out.exists()
 
 
 def _slice_pairs(tokenizer, gsm8k_dir):
@@ -296,8 +327,10 @@ def test_sft_resumes_mid_epoch_exactly(sft_run, tmp_path, tiny_model, gsm8k_dir)
     assert "(step 3)" in proc.stderr and "resuming from" in proc.stderr
 
     original = {s["step"]: s["loss"] for s in _steps(first) if "loss" in s}
-    resumed = [s for s in _steps(out) if "loss" in s][6:]  # appended after the copied 6 lines
-    assert [s["step"] for s in resumed] == [4, 5, 6]
+    # The copied records of steps 4-6 were dropped with their checkpoint: one line per step.
+    steps = [s for s in _steps(out) if "loss" in s]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6]
+    resumed = steps[3:]
     for s in resumed:
         assert s["loss"] == pytest.approx(original[s["step"]], rel=1e-5)
     a = {k: v for f in sorted((first / "model").glob("*.safetensors")) for k, v in load_file(f).items()}

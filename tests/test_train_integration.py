@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -282,3 +283,117 @@ def test_a_bad_reward_function_is_refused_before_launch(tiny_run, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("rlft: config error: reward.fn: "), lines
     assert "no_such_reward_module" in lines[0]
     assert not out.exists()
+
+
+# ---------------------------------------------------------------- nothing lost, nothing silent
+
+LONG_QUESTION = "How many apples are there? " + "an apple and " * 40_000  # ~280k tokens: far past 2048 positions
+
+
+def weights_checksum(model_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    from rlft.engines.base import named_weights_checksum
+
+    tensors = {}
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        tensors.update(load_file(shard))
+    return named_weights_checksum(tensors.items())
+
+
+@pytest.fixture(scope="module")
+def failed_eval_run(tiny_run):
+    """3 steps whose weights are synced every 2 (so not after the last), with only the final
+    evaluation, whose output path is taken by a file: the evaluation fails after training.  Both
+    splits hold an over-long question, which drawn would ask the sampler for a 280k-token prompt."""
+    root = tiny_run["root"]
+    data = root / "gsm8k_long"
+    data.mkdir()
+    for split, at in (("train", 3), ("test", 1)):
+        rows = (tiny_run["data"] / f"{split}.jsonl").read_text().splitlines()
+        rows.insert(at, json.dumps({"question": LONG_QUESTION, "answer": "It is 5.\n#### 5"}))
+        (data / f"{split}.jsonl").write_text("\n".join(rows) + "\n")
+    out = root / "failed_eval"
+    out.mkdir()
+    (out / "eval").write_text("a file where the evaluation writes its directory\n")
+    args = (f"model.path={tiny_run['model']}", f"data.source={data}", f"output.dir={out}",
+            "sampling.repetition_penalty=1.0", "data.prompt_template=r1_short", "data.train_size=9",
+            "data.eval_size=5", "schedule.steps=3", "schedule.sync_every=2", "schedule.evaluate_freq=0",
+            "schedule.save_every=2")
+    res = launch(*args)
+    return {"out": out, "res": res, "args": args, "steps": read_steps(out) if (out / "steps.jsonl").exists() else []}
+
+
+def test_a_failing_final_evaluation_keeps_the_trained_model(failed_eval_run):
+    out, res = failed_eval_run["out"], failed_eval_run["res"]
+    # Exit status 1 says something failed; the one line says what, and that the model is kept.
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-6000:]
+    failed = [line for line in res.stderr.splitlines() if line.startswith("rlft: evaluation at step 3 failed: ")]
+    assert len(failed) == 1 and "Not a directory" in failed[0], res.stderr[-4000:]
+    assert not [line for line in res.stderr.splitlines() if line.startswith("rlft: rank")]  # no rank failed
+    # The checkpoint and model/ were written before the evaluation.
+    ck = out / "checkpoints" / "step_000003"
+    assert (ck / "trainer_state.json").is_file()
+    assert json.loads((out / "model" / "rlft_state.json").read_text()) == {"step": 3}
+    assert weights_checksum(out / "model") == weights_checksum(ck / "hf")
+    steps = failed_eval_run["steps"]
+    assert [s["step"] for s in steps] == [1, 2, 3] and steps[2]["eval/failed"] == 1
+
+
+def test_the_final_evaluation_scores_the_final_weights(failed_eval_run):
+    # sync_every=2: step 3 trained after the last sync; the final evaluation synced its weights first.
+    last = failed_eval_run["steps"][-1]
+    final = weights_checksum(failed_eval_run["out"] / "model")
+    assert last["sync/engine_sum"] == pytest.approx(final["sum"], rel=1e-9)
+    assert last["sync/engine_abs_sum"] == pytest.approx(final["abs_sum"], rel=1e-9)
+
+
+def test_over_long_prompts_are_skipped_and_counted_at_load_time(failed_eval_run):
+    res, steps = failed_eval_run["res"], failed_eval_run["steps"]
+    for split in ("train", "test"):
+        assert f"gsm8k_long [{split}]: skipped 1 rows whose prompt is longer than" in res.stderr
+    assert "sampler: 8 training prompts" in res.stderr
+    drawn = {i for s in steps for i in s["prompt_indices"]}
+    assert drawn and 3 not in drawn  # the long row's index in the train file
+
+
+def test_a_run_stopped_before_writing_model_exports_on_relaunch(failed_eval_run):
+    # As if the launch had been killed after publishing the last checkpoint, before model/.
+    out = failed_eval_run["out"]
+    shutil.rmtree(out / "model")
+    (out / "eval").unlink()
+    res = launch(*failed_eval_run["args"])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    assert "the checkpoint of step 3 is the run's last: exporting it" in res.stderr
+    assert weights_checksum(out / "model") == weights_checksum(out / "checkpoints" / "step_000003" / "hf")
+    # No step ran again; the final evaluation completed step 3's record.
+    steps = read_steps(out)
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert steps[2]["loss"] == failed_eval_run["steps"][2]["loss"] and "eval/accuracy" in steps[2]
+    assert json.loads((out / "eval" / "step_000003" / "summary.json").read_text())["num_examples"] == 4
+
+
+def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_run, tmp_path):
+    # Two ranks (the policy; sampler, reference and evaluator) keep the launch short.
+    out = tmp_path / "diverged"
+    res = launch(f"model.path={tiny_run['model']}", f"data.source={tiny_run['data']}", f"output.dir={out}",
+                 *tiny_run["common"][3:], "optim.lr=1e30", "optim.max_nonfinite_steps=2", "schedule.steps=6",
+                 "schedule.save_every=1", "schedule.evaluate_freq=0", "topology.policy_ranks=[0]",
+                 "topology.pipeline_stages=1", "topology.sampler_rank=1", "topology.reference_rank=1",
+                 "topology.evaluator_rank=1")
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-6000:]
+
+    def refuse(token):
+        raise ValueError(f"steps.jsonl is not standard JSON: {token}")
+    steps = [json.loads(line, parse_constant=refuse) for line in (out / "steps.jsonl").read_text().splitlines()]
+    # One step with a gradient at lr 1e30 blows the weights up; every later gradient is infinite.
+    bad = [s["step"] for s in steps if s["nonfinite"]]
+    stop = steps[-1]["step"]
+    assert bad == [stop - 1, stop] and stop < 6, steps
+    assert all(s["grad_norm"] is None and s["skipped_updates"] == 1 for s in steps if s["nonfinite"])
+    (line,) = [x for x in res.stderr.splitlines() if x.startswith("rlft: training diverged: ")]
+    assert f"stopped at step {stop}, after 2 steps in a row" in line
+    assert f"checkpoints/step_{stop - 2:06d}" in line
+    # No checkpoint of a skipped step, no model/.
+    assert sorted(p.name for p in (out / "checkpoints").iterdir())[-1] == f"step_{stop - 2:06d}"
+    assert not (out / "model").exists()

@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from rlft.config import RunConfig
+from rlft.config import ConfigError, RunConfig
 from rlft.data import Example, load_examples
 from rlft.engines.base import RolloutEngine, SamplingSpec
 from rlft.grader import grade_batch
-from rlft.prompts import format_prompt
+from rlft.prompts import drop_long_prompts, format_prompt
 from rlft.roles.rollout import sampling_spec
 
 logger = logging.getLogger(__name__)
@@ -272,10 +272,18 @@ class Evaluator:
     default (`sampling.eval_*`); each evaluation is written to OUT/eval/<name>/.  The engine stays
     resident: weight syncs update it in place (it is the rollout role's when both share a rank)."""
 
-    def __init__(self, cfg: RunConfig, engine: RolloutEngine, tokenizer):
+    def __init__(self, cfg: RunConfig, engine: RolloutEngine, tokenizer, *, max_prompt_tokens: int | None = None):
+        """`max_prompt_tokens`: rows whose prompt is longer are skipped and counted at load time
+        (the model's positions minus the evaluation's response budget; None = no limit)."""
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
-        self.examples = load_examples(cfg.data.source, cfg.data.eval_split, size=cfg.data.eval_size,
-                                      seed=cfg.seed).examples
+        d = cfg.data
+        loaded = load_examples(d.source, d.eval_split, size=d.eval_size, seed=cfg.seed)
+        kept = drop_long_prompts(loaded, tokenizer, d.prompt_template, max_prompt_tokens, f"{d.source} [{d.eval_split}]")
+        if not kept.examples:
+            raise ConfigError(f"data.eval_split: none of the {len(loaded.examples)} evaluation rows of {d.source} "
+                              f"[{d.eval_split}] has a prompt of at most {max_prompt_tokens} tokens (the model's "
+                              f"positions minus the evaluation's response tokens)")
+        self.examples, self.skipped = kept.examples, kept.skipped
         self.spec = sampling_spec(cfg.sampling, n=1, seed=cfg.seed, evaluation=True)
 
     def evaluate(self, name: str, *, progress: bool = False) -> dict:

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from transformers import AutoConfig
 
 from rlft.batch import Labels, RolloutBatch, used_width
@@ -49,6 +50,46 @@ def lr_lambda(cfg: RunConfig):
     return f
 
 
+class SkipNonFiniteSteps:
+    """Optimizer mixin: `step()` skips the update when a gradient is not finite (NaN or inf); the
+    gradients are zeroed instead and `skipped` counts it.  The check spans every policy rank (a
+    MAX all-reduce over the policy world, whose default group DeepSpeed's pipeline owns), so all
+    stages and replicas skip or step together; DeepSpeed calls the step once per rank and step.
+
+    DeepSpeed's ZeRO optimizer skips such steps itself in fp32 but not in bf16, where NaN would
+    otherwise reach the weights."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.skipped = 0
+
+    def grads_finite(self) -> bool:
+        params = [p for g in self.param_groups for p in g["params"]]
+        grads = [p.grad for p in params if p.grad is not None]
+        device = grads[0].device if grads else params[0].device if params else torch.device("cpu")
+        bad = torch.zeros((), dtype=torch.float32, device=device)
+        if grads:
+            norms = torch.stack([n.float() for n in torch._foreach_norm(grads)])
+            bad = (~torch.isfinite(norms)).any().float()
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        return bad.item() == 0
+
+    def step(self, closure=None):
+        if not self.grads_finite():
+            self.skipped += 1
+            for g in self.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        p.grad.zero_()
+            return None
+        return super().step(closure)
+
+
+class GuardedAdamW(SkipNonFiniteSteps, torch.optim.AdamW):
+    """AdamW that skips non-finite updates (`SkipNonFiniteSteps`)."""
+
+
 class PolicyTrainer:
     """One stage of one replica of the policy, optimising `objective` (see `rlft.objectives`).
 
@@ -75,9 +116,10 @@ class PolicyTrainer:
         load_hf_weights(module, model_path)
         params = [p for p in module.parameters() if p.requires_grad]
         o = cfg.optim
-        optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+        optimizer = GuardedAdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                       weight_decay=o.weight_decay, fused=device.type == "cuda")
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+        self.optimizer = optimizer
         self.engine, _, _, _ = deepspeed.initialize(
             model=module, optimizer=optimizer, lr_scheduler=scheduler,
             config=deepspeed_config(cfg, bf16=bf16, gradient_accumulation_steps=self.gas))
@@ -126,12 +168,22 @@ class PolicyTrainer:
     def update(self, batch: RolloutBatch, epochs: int = 1) -> dict[str, float]:
         """`epochs` optimizer steps over this replica's rows of `batch`, after computing their old
         log-probs when the objective reads them.  Returns the last step's metrics where they are
-        reported (`reports_metrics`), {} elsewhere."""
+        reported (`reports_metrics`), {} elsewhere.
+
+        An optimizer step whose gradients are not finite is skipped (by `SkipNonFiniteSteps`, or by
+        DeepSpeed's own overflow check): `skipped_updates` counts them, and `nonfinite` is 1 when
+        the step's loss, gradient norm or any gradient was not finite."""
         part = batch.rows(self.replica_rows())
         if self.objective.needs_old_logprobs:
             part.old_logprobs = self._logprobs(part)  # the last stage's; None on the others
+        skipped_before = self.optimizer.skipped + self.engine.skipped_steps
+        finite = True
         for _ in range(epochs):
             metrics = self._train(part)
+            finite = finite and all(math.isfinite(metrics.get(k, 0.0)) for k in ("loss", "grad_norm"))
+        skipped = self.optimizer.skipped + self.engine.skipped_steps - skipped_before
+        metrics["skipped_updates"] = float(skipped)
+        metrics["nonfinite"] = float(skipped > 0 or not finite)
         return metrics if self.reports_metrics else {}
 
     def _train(self, part: RolloutBatch) -> dict[str, float]:

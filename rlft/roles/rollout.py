@@ -18,14 +18,14 @@ import torch
 
 from rlft.batch import RolloutBatch, build_rollout_batch
 from rlft.common import log
-from rlft.config import RunConfig, SamplingConfig
+from rlft.config import ConfigError, RunConfig, SamplingConfig
 from rlft.data import Example, PromptSampler, load_examples
 from rlft.dynamic_sampling import GroupPool, group_rows, informative_groups
 from rlft.engines.base import RolloutEngine, SamplingSpec
 from rlft.grader import default_grader
 from rlft.grpo import compute_group_normalized_rewards
 from rlft.overlong import soft_overlong_penalty, truncated_rows
-from rlft.prompts import format_prompt
+from rlft.prompts import drop_long_prompts, format_prompt
 from rlft.rewards import make_reward_fn
 
 Timer = Callable[[str], AbstractContextManager]
@@ -77,14 +77,26 @@ class RolloutWorker:
     """Draws each step's prompts (seeded, resumable), samples `group_size` responses per prompt
     with `engine`, grades them and turns them into the policy's batch."""
 
-    def __init__(self, cfg: RunConfig, engine: RolloutEngine, tokenizer):
+    def __init__(self, cfg: RunConfig, engine: RolloutEngine, tokenizer, *, max_prompt_tokens: int | None = None):
+        """`max_prompt_tokens`: rows whose prompt is longer are skipped and counted at load time
+        (the model's positions minus the response budget; None = no limit)."""
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.group_size = cfg.grpo.group_size
+        d = cfg.data
+        loaded = load_examples(d.source, d.train_split, size=d.train_size, seed=cfg.seed)
+        loaded = drop_long_prompts(loaded, tokenizer, d.prompt_template, max_prompt_tokens,
+                                   f"{d.source} [{d.train_split}]")
+        self.examples, self.skipped = loaded.examples, loaded.skipped
+        prompts_per_step = cfg.optim.rollout_batch_size // self.group_size
+        if len(self.examples) < prompts_per_step:
+            skipped = ", ".join(f"{k}={v}" for k, v in sorted(self.skipped.items()))
+            raise ConfigError(
+                f"data.train_size: {len(self.examples)} usable training rows in {d.source} [{d.train_split}]"
+                f"{f' (skipped: {skipped})' if skipped else ''}, but every step draws optim.rollout_batch_size / "
+                f"grpo.group_size = {prompts_per_step} prompts; raise data.train_size or lower "
+                f"optim.rollout_batch_size")
         default_grader().start()  # warm the grading workers now, not in the first step
         self.reward_fn = make_reward_fn(cfg.reward.fn, cfg.reward.format_weight, timeout_s=cfg.reward.timeout_s)
-        self.examples = load_examples(cfg.data.source, cfg.data.train_split, size=cfg.data.train_size,
-                                      seed=cfg.seed).examples
-        prompts_per_step = cfg.optim.rollout_batch_size // self.group_size
         self.prompts = PromptSampler(len(self.examples), prompts_per_step, cfg.seed, shuffle=cfg.data.shuffle)
         log.info("sampler: %d training prompts (%s), %d per step, engine %s", len(self.examples),
                  cfg.data.source, prompts_per_step, type(engine).__name__)

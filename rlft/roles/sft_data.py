@@ -84,16 +84,23 @@ def sft_total_steps(num_examples: int, batch_size: int, epochs: int, max_steps: 
 
 
 class SFTFeeder:
-    """Loads the train split (`sft.train_size` rows), keeps the pairs that fit `sft.max_seq_len` and
-    hands out `sft.batch_size` of them per step; `total_steps` is what the data allow
-    (`sft.max_steps`, or `sft.epochs` x whole batches)."""
+    """Loads the train split (`sft.train_size` rows), keeps the pairs that fit `sft.max_seq_len` (and
+    the model's `context` positions) and hands out `sft.batch_size` of them per step;
+    `total_steps` is what the data allow (`sft.max_steps`, or `sft.epochs` x whole batches)."""
 
-    def __init__(self, cfg: RunConfig, tokenizer):
+    def __init__(self, cfg: RunConfig, tokenizer, *, context: int | None = None):
         self.cfg, self.tokenizer = cfg, tokenizer
         loaded = load_examples(cfg.data.source, cfg.data.train_split, size=cfg.sft.train_size, seed=cfg.seed)
-        data = build_sft_data(loaded.examples, tokenizer, template=cfg.data.prompt_template,
-                              max_seq_len=cfg.sft.max_seq_len)
+        max_seq_len = min(cfg.sft.max_seq_len, context or cfg.sft.max_seq_len)
+        data = build_sft_data(loaded.examples, tokenizer, template=cfg.data.prompt_template, max_seq_len=max_seq_len)
         data.skipped = dict(Counter(loaded.skipped) + Counter(data.skipped))
+        if not len(data):
+            reasons = ", ".join(f"{k}={v}" for k, v in sorted(data.skipped.items()))
+            limit = (f"sft.max_seq_len={cfg.sft.max_seq_len}" if max_seq_len == cfg.sft.max_seq_len
+                     else f"the model's {max_seq_len} positions")
+            raise ConfigError(f"data.source: no usable SFT example in {cfg.data.source} [{cfg.data.train_split}] "
+                              f"(skipped: {reasons}; too_long = prompt + target over {limit}); rows need a worked "
+                              f"solution ending in '#### <number>' that fits")
         self.data = data
         self.total_steps = sft_total_steps(len(data), cfg.sft.batch_size, cfg.sft.epochs, cfg.sft.max_steps)
         self.prompts = PromptSampler(len(data), cfg.sft.batch_size, cfg.seed, shuffle=cfg.data.shuffle)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from rlft.config import RunConfig
+from rlft.config import ConfigError, RunConfig
 from rlft.objectives import Objective
 from rlft.runtime.bridge import init_policy_world
 from rlft.runtime.context import RankContext
@@ -13,7 +13,30 @@ def build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, roll
     """Create this rank's roles on `ctx`: the policy stage (optimising `objective`, `batch_size`
     sequences per step), the reference (when the objective reads its log-probs), the rollout role
     (when `rollouts`: GRPO's sampler) and the evaluator, which shares the sampler's engine when both
-    live on one rank.  SFT's data feeder is made before, since its data decide the step count."""
+    live on one rank.  SFT's data feeder is made before, since its data decide the step count.
+
+    A config error found while building (e.g. too few usable training rows, known only once the
+    sampler has loaded them) stops every rank with that one error (`agree_on_config_error`)."""
+    error = None
+    try:
+        _build_roles(ctx, objective, batch_size=batch_size, rollouts=rollouts)
+    except ConfigError as e:
+        error = str(e)
+    agree_on_config_error(ctx, error)
+
+
+def agree_on_config_error(ctx: RankContext, error: str | None) -> None:
+    """Every rank passes the config error it met (None: none); all raise the first one (in rank
+    order), so the launch ends with that one line and exit status 2 on every rank, instead of the
+    ranks that waited on the failing one stopping with a lost connection."""
+    bridge = ctx.bridge
+    if not bridge.all_reduce_max(1.0 if error else 0.0):  # a collective: a rank that died instead shows at once
+        return
+    errors = bridge.gather_objects(error, dst=0)
+    raise ConfigError(bridge.broadcast_object(next((e for e in errors if e), None) if errors else None, src=0))
+
+
+def _build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, rollouts: bool) -> None:
     cfg, roles = ctx.cfg, ctx.roles
     if roles.policy:
         from rlft.roles.policy import PolicyTrainer
@@ -31,12 +54,31 @@ def build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, roll
     if rollouts and roles.sampler:
         from rlft.roles.rollout import RolloutWorker
 
-        ctx.rollout = RolloutWorker(cfg, engine_for_run(ctx, ctx.model_path), ctx.tokenizer)
+        limit = prompt_limit(cfg, ctx.model_path, evaluation=False)  # before the engine starts
+        ctx.rollout = RolloutWorker(cfg, engine_for_run(ctx, ctx.model_path), ctx.tokenizer, max_prompt_tokens=limit)
     if roles.evaluator:
         from rlft.roles.evaluator import Evaluator
 
+        limit = prompt_limit(cfg, ctx.model_path, evaluation=True)
         engine = ctx.rollout.engine if ctx.rollout is not None else engine_for_run(ctx, ctx.model_path)
-        ctx.evaluator = Evaluator(cfg, engine, ctx.tokenizer)
+        ctx.evaluator = Evaluator(cfg, engine, ctx.tokenizer, max_prompt_tokens=limit)
+
+
+def prompt_limit(cfg: RunConfig, model_path: str, *, evaluation: bool) -> int | None:
+    """The longest prompt that leaves room for the response budget (`sampling.max_tokens`, or the
+    evaluation's) in the model's positions and `sampling.vllm.max_model_len`."""
+    from rlft.models import context_length
+    from rlft.prompts import prompt_token_limit
+
+    s = cfg.sampling
+    if evaluation and s.eval_max_tokens is not None:
+        budget, what = s.eval_max_tokens, "sampling.eval_max_tokens"
+    else:
+        budget, what = s.max_tokens, "sampling.max_tokens"
+    try:
+        return prompt_token_limit(context_length(model_path, s.vllm.max_model_len), budget, what)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def engine_for_run(ctx: RankContext, model_path: str):

@@ -25,13 +25,13 @@ import numpy as np
 import torch
 
 from rlft.common import log
-from rlft.config import ConfigError
+from rlft.config import CHECKPOINT_STATE_FILE, ConfigError
 from rlft.models import load_hf_config
 
 if TYPE_CHECKING:
     from rlft.runtime.context import RankContext
 
-STATE_FILE = "trainer_state.json"
+STATE_FILE = CHECKPOINT_STATE_FILE
 FINAL_STATE_FILE = "rlft_state.json"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
@@ -167,6 +167,14 @@ def finished_model(out_dir: str | Path, total_steps: int) -> Path | None:
     return None
 
 
+def export_final_model(out_dir: str | Path, step: int) -> Path:
+    """OUT/model from the HF export of the checkpoint of `step` (rank 0), with the step it holds."""
+    model_dir = Path(out_dir) / "model"
+    copy_tree_atomic(step_dir(out_dir, step) / "hf", model_dir)
+    write_json_atomic(model_dir / FINAL_STATE_FILE, {"step": step})
+    return model_dir
+
+
 def has_weights(model_dir: str | Path) -> bool:
     d = Path(model_dir)
     return d.is_dir() and (d / "config.json").is_file() and (
@@ -210,9 +218,7 @@ def save_checkpoint(ctx: RankContext, step: int, *, final: bool = False) -> None
         publish(tmp, dst)
         prune(cfg.output.dir, cfg.output.keep_checkpoints)
         if final:
-            model_dir = Path(cfg.output.dir) / "model"
-            copy_tree_atomic(dst / "hf", model_dir)
-            write_json_atomic(model_dir / FINAL_STATE_FILE, {"step": step})
+            export_final_model(cfg.output.dir, step)
         log.info("saved checkpoint %s%s", dst, f" and final model {Path(cfg.output.dir) / 'model'}" if final else "")
     bridge.barrier()
 

@@ -42,6 +42,7 @@ class RankContext:
     feeder: SFTFeeder | None = None  # SFT's data, on the sampler's rank
     tracker: Tracker | None = None  # rank 0 only
     seconds: dict[str, float] = field(default_factory=dict)  # this step's time per phase
+    exit_code: int = 0  # what the rank exits with when its work returns (1: an evaluation failed, or training diverged)
 
     @property
     def dtype(self) -> str:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlft.common import looks_like_hub_id
-from rlft.config import ConfigError, save_config
+from rlft.common import log, looks_like_hub_id
+from rlft.config import ConfigError, config_warnings, save_config
 from rlft.models import DEFAULT_MODEL, ModelPathError, check_model_dir, load_tokenizer, resolve_model_path
 from rlft.runtime.checkpoint import finished_model
 from rlft.runtime.context import RankContext
@@ -57,9 +57,12 @@ def finished_output(ctx: RankContext) -> Path | None:
     return final
 
 
-def write_resolved_config(ctx: RankContext) -> None:
-    """Rank 0 writes OUT/config.yaml: every setting, defaults filled in."""
+def write_resolved_config(ctx: RankContext, *, rollouts: bool = True) -> None:
+    """Rank 0 writes OUT/config.yaml: every setting, defaults filled in; and warns of settings
+    that would waste the run (`rlft.config.config_warnings`; `rollouts`: GRPO, not SFT)."""
     if ctx.roles.rank == 0:
+        for warning in config_warnings(ctx.cfg, rollouts=rollouts):
+            log.warning("warning: %s", warning)
         out = Path(ctx.cfg.output.dir)
         out.mkdir(parents=True, exist_ok=True)
         save_config(ctx.cfg, out / "config.yaml")

@@ -2,7 +2,8 @@
 
     start = resume_checkpoint(ctx)
     open_tracker(ctx, start)
-    run_steps(ctx, step_fn, start, desc="grpo")      # step_fn(ctx, step, last) -> this rank's metrics
+    run_steps(ctx, step_fn, start, desc="grpo",      # step_fn(ctx, step, last) -> this rank's metrics
+              final_eval=eval_fn)                     # eval_fn(ctx, step): after the last step's save
     close_tracker(ctx)
 """
 from __future__ import annotations
@@ -10,14 +11,16 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 from rlft.common import log
-from rlft.runtime.checkpoint import save_checkpoint
+from rlft.runtime.checkpoint import export_final_model, latest_checkpoint, save_checkpoint
 from rlft.runtime.context import RankContext, peak_memory_gb
 from rlft.runtime.reporting import Tracker, format_samples, merge_metrics, progress_line
 
 StepFn = Callable[[RankContext, int, bool], dict]
+EvalFn = Callable[[RankContext, int], dict]
 
 
 class StepClock:
@@ -35,9 +38,10 @@ class StepClock:
 
 
 def open_tracker(ctx: RankContext, start: int) -> None:
-    """Rank 0 opens TensorBoard and steps.jsonl (a resumed run drops TensorBoard's later steps)."""
+    """Rank 0 opens TensorBoard and steps.jsonl, keeping only the records of steps up to `start`
+    (the checkpoint the run continues from; 0 = none)."""
     if ctx.roles.rank == 0:
-        ctx.tracker = Tracker(ctx.cfg.output.dir, purge_step=start + 1 if start else None)
+        ctx.tracker = Tracker(ctx.cfg.output.dir, resume_step=start)
         log.info("TensorBoard: tensorboard --logdir %s", ctx.tracker.tb_dir)
 
 
@@ -60,21 +64,32 @@ def report(ctx: RankContext, step: int, gathered: list[dict] | None) -> str:
     return line
 
 
-def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str,
+def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final_eval: EvalFn,
               extra_metrics: Callable[[list[dict]], dict] | None = None) -> int:
     """Steps `start + 1 .. schedule.steps` on every rank; returns the last step run.  After each,
     rank 0 reports what every rank measured (plus `extra_metrics(gathered)`), and a checkpoint is
-    saved at the end of an epoch of prompts, every `schedule.save_every` steps and after the last
-    step (which also writes OUT/model).  The last step is `schedule.steps`, or the one that would
-    end past `schedule.time_limit_minutes` (rank 0 decides, so every rank agrees): a later launch
-    continues from it."""
+    saved at the end of an epoch of prompts and every `schedule.save_every` steps.
+
+    The last step is `schedule.steps`, or the one that would end past `schedule.time_limit_minutes`
+    (rank 0 decides, so every rank agrees): a later launch continues from it.  `step_fn` leaves its
+    evaluation out then; its checkpoint and OUT/model are written first and `final_eval(ctx, step)`
+    runs after them, so a failing evaluation cannot cost the trained model.  A run resumed from
+    the last step's checkpoint (stopped before OUT/model was written) exports and evaluates it.
+
+    A step whose loss or gradient is not finite skipped its update (`PolicyTrainer.update`) and
+    saves no checkpoint; `optim.max_nonfinite_steps` of them in a row stop the run there: no
+    checkpoint, no OUT/model, exit status 1 (`ctx.exit_code`)."""
     from tqdm import tqdm
 
     cfg, roles, bridge = ctx.cfg, ctx.roles, ctx.bridge
     total = cfg.schedule.steps
+    if start >= total:
+        finish_exported_run(ctx, start, final_eval)
+        return start
     bar = tqdm(total=total, initial=start, desc=desc, unit="step", dynamic_ncols=True,
                disable=roles.rank != 0 or not sys.stderr.isatty() and os.environ.get("RLFT_PROGRESS") != "1")
     clock = StepClock(cfg.schedule.time_limit_minutes)
+    nonfinite_run = 0
     step = start
     for step in range(start + 1, total + 1):
         out_of_time = bridge.broadcast_object(roles.rank == 0 and clock.next_step_overruns(), src=0)
@@ -82,18 +97,31 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str,
         ctx.seconds = {}
         t0 = time.perf_counter()
         metrics = step_fn(ctx, step, last)
+        flags = step_flags(ctx, metrics)
+        nonfinite_run = nonfinite_run + 1 if flags["nonfinite"] else 0
+        diverged = nonfinite_run >= cfg.optim.max_nonfinite_steps
+        if last and not diverged:
+            with ctx.timed("save"):
+                save_checkpoint(ctx, step, final=True)
+            metrics.update(final_eval(ctx, step))
         metrics["seconds"] = {**ctx.seconds, "step": time.perf_counter() - t0}
         clock.add(metrics["seconds"]["step"])
         metrics["peak_memory_gb"] = peak_memory_gb(ctx.device)
         gathered = bridge.gather_objects(metrics, dst=0)
-        epoch_ended = any(m.get("epoch_ended") for m in gathered) if gathered else False
-        epoch_ended = bool(bridge.broadcast_object(epoch_ended, src=0))
         if roles.rank == 0:
             summary = report(ctx, step, gathered + ([extra_metrics(gathered)] if extra_metrics else []))
             bar.update(1)
             bar.set_postfix_str(summary)
-        if last or epoch_ended or (cfg.schedule.save_every and step % cfg.schedule.save_every == 0):
-            save_checkpoint(ctx, step, final=last)
+            if flags["nonfinite"] and not diverged:
+                log.warning("step %d: the loss or a gradient was not finite; its update was skipped (%d in a row; "
+                            "optim.max_nonfinite_steps=%d stops the run)", step, nonfinite_run,
+                            cfg.optim.max_nonfinite_steps)
+        if diverged:
+            stop_diverged(ctx, step, nonfinite_run)
+            break
+        periodic = flags["epoch_ended"] or (cfg.schedule.save_every and step % cfg.schedule.save_every == 0)
+        if not last and periodic and not flags["nonfinite"]:
+            save_checkpoint(ctx, step)
         if last:
             if step < total:
                 log.info("schedule.time_limit_minutes (%g) reached after step %d of %d: saved and exported; "
@@ -101,3 +129,41 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str,
             break
     bar.close()
     return step
+
+
+def step_flags(ctx: RankContext, metrics: dict) -> dict:
+    """What every rank must agree on after a step: whether it finished an epoch of prompts (the
+    data rank knows) and whether its loss or gradient was not finite (the policy ranks know)."""
+    parts = ctx.bridge.gather_objects({"epoch_ended": bool(metrics.get("epoch_ended")),
+                                       "nonfinite": bool(metrics.get("nonfinite"))}, dst=0)
+    flags = None
+    if parts is not None:
+        flags = {k: any(p[k] for p in parts) for k in ("epoch_ended", "nonfinite")}
+    return ctx.bridge.broadcast_object(flags, src=0)
+
+
+def stop_diverged(ctx: RankContext, step: int, count: int) -> None:
+    """`count` steps in a row up to `step` had a non-finite loss or gradient: end the run here,
+    with exit status 1, keeping the checkpoints saved before them."""
+    ctx.exit_code = 1
+    if ctx.roles.rank == 0:
+        newest = latest_checkpoint(ctx.cfg.output.dir)
+        kept = f"the newest checkpoint, {newest}, is from before them" if newest else "no checkpoint was saved"
+        print(f"rlft: training diverged: stopped at step {step}, after {count} steps in a row whose loss or "
+              f"gradient was not finite (updates skipped; optim.max_nonfinite_steps={ctx.cfg.optim.max_nonfinite_steps}); "
+              f"{kept}; no model/ is written; lower optim.lr or check the rewards and advantages",
+              file=sys.stderr, flush=True)
+
+
+def finish_exported_run(ctx: RankContext, step: int, final_eval: EvalFn) -> None:
+    """The run was resumed from the checkpoint of its last step (`step`): a launch that stopped
+    after publishing it but before writing OUT/model.  Export it and run the final evaluation."""
+    ctx.seconds = {}
+    if ctx.roles.rank == 0:
+        log.info("the checkpoint of step %d is the run's last: exporting it to %s", step,
+                 Path(ctx.cfg.output.dir) / "model")
+        export_final_model(ctx.cfg.output.dir, step)
+    ctx.bridge.barrier()
+    metrics = final_eval(ctx, step)
+    metrics["seconds"] = dict(ctx.seconds)
+    report(ctx, step, ctx.bridge.gather_objects(metrics, dst=0))

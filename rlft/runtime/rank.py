@@ -62,7 +62,7 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
         fail(ctx, f"config error: {e}", exit_code=2)
     except BaseException as e:  # noqa: BLE001 - any failure must take the whole launch down promptly
         fail(ctx, f"{type(e).__name__}: {e}", exit_code=1, trace=True)
-    exit_rank(0, ctx)
+    exit_rank(ctx.exit_code, ctx)
 
 
 def fail(ctx: RankContext, message: str, exit_code: int, trace: bool = False) -> None:

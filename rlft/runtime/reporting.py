@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import time
 from pathlib import Path
 
@@ -18,15 +20,28 @@ def setup_logging(rank: int, roles: str) -> None:
 
 
 class Tracker:
-    """Lives on the coordinating rank only: every other rank sends it their metrics."""
+    """Lives on the coordinating rank only: every other rank sends it their metrics.
 
-    def __init__(self, out_dir: str | Path, purge_step: int | None = None):
+    A run that continues from the checkpoint of step `resume_step` (0 = a fresh start) keeps the
+    records of the steps up to it only: TensorBoard purges the later ones and steps.jsonl is cut
+    to them, so the steps that are run again are not recorded twice.  steps.jsonl holds one valid
+    JSON object per line and one line per step: a non-finite number is written as null, and a
+    second record of the last step is merged into its line."""
+
+    def __init__(self, out_dir: str | Path, resume_step: int = 0):
         from torch.utils.tensorboard import SummaryWriter
 
         self.dir = Path(out_dir)
         self.tb_dir = self.dir / "tensorboard"
-        self.writer = SummaryWriter(str(self.tb_dir), purge_step=purge_step)
-        self.steps_file = open(self.dir / "steps.jsonl", "a")
+        self.writer = SummaryWriter(str(self.tb_dir), purge_step=resume_step + 1 if resume_step else 0)
+        self.steps_path = self.dir / "steps.jsonl"
+        kept = [r for r in read_records(self.steps_path) if resume_step and r.get("step", 0) <= resume_step]
+        tmp = self.steps_path.with_name(self.steps_path.name + ".tmp")
+        tmp.write_text("".join(_json_line(r) for r in kept))
+        os.replace(tmp, self.steps_path)
+        self.steps_file = open(self.steps_path, "a")
+        self._last = kept[-1] if kept else None  # the last line's record, which a record of its step merges into
+        self._last_offset = self.steps_path.stat().st_size - (len(_json_line(self._last)) if kept else 0)
 
     def scalars(self, step: int, metrics: dict[str, float]) -> None:
         for k, v in sorted(metrics.items()):
@@ -38,12 +53,51 @@ class Tracker:
         self.writer.add_text(tag, text, step)
 
     def record(self, step: int, record: dict) -> None:
-        self.steps_file.write(json.dumps({"step": step, "time": time.time(), **record}) + "\n")
+        """One line of steps.jsonl; a second record of the last line's step is merged into that line."""
+        if self._last is not None and self._last.get("step") == step:
+            self.steps_file.truncate(self._last_offset)
+            self.steps_file.seek(self._last_offset)
+            record = {**self._last, **record}
+        else:
+            self._last_offset = self.steps_file.tell()
+        self._last = {"step": step, "time": time.time(), **{k: v for k, v in record.items() if k != "step"}}
+        self.steps_file.write(_json_line(self._last))
         self.steps_file.flush()
 
     def close(self) -> None:
         self.writer.close()
         self.steps_file.close()
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """steps.jsonl's records (none when the file is missing; a line that does not parse is dropped)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def finite_or_none(value):
+    """`value` with every non-finite float (NaN, inf) replaced by None, inside lists and dicts too."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
+def _json_line(record: dict) -> str:
+    return json.dumps(finite_or_none(record), allow_nan=False) + "\n"
 
 
 def format_samples(rows: list[dict]) -> str:
