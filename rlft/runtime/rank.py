@@ -9,11 +9,13 @@ import sys
 import traceback
 from typing import Callable
 
-from rlft.common import free_port
+from rlft.common import free_port, log
 from rlft.config import ConfigError, RunConfig
 from rlft.runtime.bridge import Bridge
 from rlft.runtime.context import RankContext, choose_device
+from rlft.runtime.launcher_env import adopt_launcher_env, check_placement
 from rlft.runtime.reporting import setup_logging
+from rlft.runtime.watchdog import watch_launcher
 from rlft.topology import RankRoles, roles_for_rank
 
 # How a collective fails on the survivors when another rank died (the launcher then stops them all).
@@ -37,6 +39,7 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
              role_label: Callable[[RankRoles], str] | None = None) -> None:
     """Everything a rank does around its work: roles, device, bridge, then `run_fn(ctx)`; on any
     failure one line naming the rank and the cause, and an exit that brings the launch down."""
+    adopt_launcher_env(cfg.topology)  # ranks started by srun / mpirun
     rank = int(os.environ.setdefault("RANK", "0"))
     world = int(os.environ.setdefault("WORLD_SIZE", "1"))
     os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed reads it; absent outside the launcher
@@ -47,6 +50,7 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
     roles = roles_for_rank(cfg.topology, rank)
     setup_logging(rank, role_label(roles) if role_label else "+".join(n.split("[")[0] for n in roles.names()))
     try:
+        log.info("%s on %s", roles.describe(), check_placement(cfg.topology, rank, int(os.environ["LOCAL_RANK"])))
         restrict_gpu_for_vllm(cfg, roles)
         device = choose_device(cfg)
         port = int(os.environ.get("MASTER_PORT", "0")) or free_port()
@@ -56,6 +60,8 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
         print(f"rlft: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     ctx = RankContext(cfg=cfg, roles=roles, bridge=bridge, device=device)
+    # Stopped by a signal, or the launcher died: one line naming the rank and the cause, then exit.
+    watch_launcher(lambda cause, code: fail(ctx, cause, exit_code=code), who=roles.describe())
     try:
         run_fn(ctx)
     except ConfigError as e:
