@@ -77,12 +77,17 @@ class TwoNodes:
         return out
 
     def kill(self) -> None:
-        """Clean-up after a failed check: each launcher's own process group, nothing else."""
+        """Clean-up after a failed check: the launchers this test started and everything under them
+        (the deepspeed launcher runs in a process group of its own), by process id."""
         for p in self.procs:
-            if p.poll() is None:
+            try:
+                tree = psutil.Process(p.pid).children(recursive=True) + [psutil.Process(p.pid)]
+            except psutil.NoSuchProcess:
+                continue
+            for proc in tree:
                 try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
+                    proc.kill()
+                except psutil.Error:
                     pass
 
 

@@ -116,3 +116,38 @@ def test_a_forked_child_keeps_its_own_signals():
     proc.terminate()
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 143 and out.strip() == "stopped: received SIGTERM"
+
+
+# ---------------------------------------------------------------- the GPU a rank picks
+
+
+def test_a_rank_on_the_second_node_picks_its_gpu_by_local_rank(monkeypatch):
+    import torch
+
+    from rlft.runtime.context import choose_device
+
+    picked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", picked.append)
+    monkeypatch.setenv("RANK", "9")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    cfg = load_config(TWO_BY_EIGHT, ["device=cuda"])
+    assert choose_device(cfg) == torch.device("cuda", 1) and picked == [1]
+
+
+def test_a_vllm_rank_on_the_second_node_sees_only_its_own_gpu(monkeypatch):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed: no rank restricts its GPU for it")
+    from rlft.runtime.rank import restrict_gpu_for_vllm
+    from rlft.topology import roles_for_rank
+
+    cfg = load_config(TWO_BY_EIGHT, ["device=cuda", "sampling.backend=vllm"])
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    # DeepSpeed's per-node launcher shows every rank of node 1 all its GPUs; rank 15 is local rank 7.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    monkeypatch.setenv("RANK", "15")
+    monkeypatch.setenv("LOCAL_RANK", "7")
+    restrict_gpu_for_vllm(cfg, roles_for_rank(cfg.topology, 15))
+    assert (os.environ["CUDA_VISIBLE_DEVICES"], os.environ["LOCAL_RANK"]) == ("7", "0")

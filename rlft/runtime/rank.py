@@ -60,8 +60,7 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
         print(f"rlft: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     ctx = RankContext(cfg=cfg, roles=roles, bridge=bridge, device=device)
-    # Stopped by a signal, or the launcher died: one line naming the rank and the cause, then exit.
-    watch_launcher(lambda cause, code: fail(ctx, cause, exit_code=code), who=roles.describe())
+    watch_launcher(lambda cause, code: stopped(ctx, cause, code), who=roles.describe())
     try:
         run_fn(ctx)
     except ConfigError as e:
@@ -92,6 +91,14 @@ def fail(ctx: RankContext, message: str, exit_code: int, trace: bool = False) ->
         print(text, file=sys.stderr, flush=True)
     else:
         print(f"rlft: {who} stopping, because {first.removeprefix('rlft: ')}", file=sys.stderr, flush=True)
+    exit_rank(exit_code, ctx, graceful=False)
+
+
+def stopped(ctx: RankContext, cause: str, exit_code: int) -> None:
+    """Stopped from outside (a stop signal, the launcher gone): one line naming the rank and the
+    cause, then exit at once.  Not recorded as the launch's failure: the launcher also sends the
+    signal to every rank when another one failed, and that rank's own line names the cause."""
+    print(f"rlft: {ctx.roles.describe()} stopping: {cause}", file=sys.stderr, flush=True)
     exit_rank(exit_code, ctx, graceful=False)
 
 
