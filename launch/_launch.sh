@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Shared by train.sh and sft.sh: MODULE CONFIG [key=value ...] -> the deepspeed launcher.
+# One node: `deepspeed --num_gpus N`.  Several nodes (topology.nodes > 1): DeepSpeed's own
+# launchers with output.hostfile (pdsh over ssh, slurm, the MPI launchers, or no_ssh: this node only,
+# as topology.node_rank); rlft.launch_plan works out the options and checks the hostfile.
 set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 module="$1"; config="$2"; shift 2
 if [ "${RLFT_FLAVOR:-cpu}" = gpu ]; then
   gpus=$(nvidia-smi -L | wc -l)
@@ -9,12 +13,11 @@ else
   export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES=""
 fi
 plan=$(python -m rlft.launch_plan --config "$config" --gpus-available "$gpus" "$@") || exit $?
-read -r world nodes per_node port hostfile <<< "$plan"
-args=(--master_port "$port")
-if [ "$nodes" -gt 1 ]; then
-  args+=(--hostfile "$hostfile")
+eval "$plan"  # world nodes per_node entry ds_args rank_args placement (shell-quoted by launch_plan)
+if [ "$entry" = script ]; then
+  entry_args=("$here/rank.py" "$module")
 else
-  args+=(--num_gpus "$per_node")
+  entry_args=(--module "$module")
 fi
 if [ "$gpus" -lt 0 ]; then
   # CPU: share the cores between the ranks instead of oversubscribing them.
@@ -22,4 +25,28 @@ if [ "$gpus" -lt 0 ]; then
 fi
 export TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 echo "[rlft] $module: $world rank(s) on $nodes node(s), config $config $*" >&2
-exec deepspeed "${args[@]}" --module "$module" --config "$config" "$@"
+[ "$nodes" -gt 1 ] && sed 's/^/[rlft] /' <<< "$placement" >&2
+
+# The launcher and everything it starts on this node (DeepSpeed's per-node launcher, the ranks) run
+# in a process group of their own.  A stop signal to this script reaches the whole group, so
+# stopping one node's launcher stops that node's ranks, and the other nodes' ranks then lose contact
+# and stop too.  Without this, a signal to the runner alone would leave its ranks running.
+set -m
+deepspeed "${ds_args[@]}" "${entry_args[@]}" --config "$config" "$@" "${rank_args[@]}" </dev/null &
+pid=$!
+set +m
+for sig in TERM INT HUP; do
+  trap "kill -$sig -- -$pid 2>/dev/null" "$sig"
+done
+rc=0
+wait "$pid" || rc=$?
+while kill -0 "$pid" 2>/dev/null; do  # `wait` returns early when a trapped signal arrives
+  wait "$pid"; rc=$?
+done
+# The runner is gone: give the rest of its group (ranks finishing their exit) a bounded while.
+for _ in $(seq 60); do
+  kill -0 -- -"$pid" 2>/dev/null || exit "$rc"
+  sleep 1
+done
+kill -KILL -- -"$pid" 2>/dev/null
+exit "$rc"

@@ -28,6 +28,10 @@ from rlft.grpo import AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_I
 from rlft.overlong import OVERLONG_MODES
 
 
+# DeepSpeed's multi-node launchers (`deepspeed --launcher`), and its per-node mode without ssh.
+LAUNCHERS = ("pdsh", "slurm", "openmpi", "mpich", "impi", "mvapich", "no_ssh")
+
+
 class ConfigError(ValueError):
     """A configuration mistake; the message names the key path."""
 
@@ -165,6 +169,14 @@ class TopologyConfig:
     reference_rank: int = 6
     evaluator_rank: int = 5
     nodes: int = 1  # >1: launch/train.sh expects a hostfile (output.hostfile)
+    # Several nodes: how DeepSpeed's launcher starts them (README, "Several nodes").  pdsh: over ssh
+    # from this node; slurm, openmpi, mpich, impi, mvapich: through that launcher; no_ssh: one launch
+    # per node (started by you or a scheduler), each with its topology.node_rank.
+    launcher: str = "pdsh"
+    launcher_args: str = ""  # extra arguments for the launcher itself (DeepSpeed's --launcher_args)
+    master_addr: str | None = None  # node 0 as every node reaches it (no_ssh: required)
+    master_port: int | None = None  # rank 0's store; None = a free port (one node) or 29500 (several)
+    node_rank: int | None = None  # no_ssh: this node's index, set on each node's command line
 
     def world_size(self) -> int:
         """Ranks of one launch: every rank up to the highest one named."""
@@ -535,11 +547,26 @@ def check_topology(t: TopologyConfig) -> None:
              f"topology.policy_ranks: {len(t.policy_ranks)} policy ranks cannot form pipelines of "
              f"{t.pipeline_stages} stages (need a multiple of topology.pipeline_stages)")
     _require(t.nodes >= 1, f"topology.nodes: must be >= 1, got {t.nodes}")
+    check_nodes(t)
     ws = t.world_size()
     used = set(t.policy_ranks) | {t.sampler_rank, t.reference_rank, t.evaluator_rank}
     idle = sorted(set(range(ws)) - used)
     _require(not idle, f"topology: rank(s) {idle} of the {ws} launched would host no role; "
                        f"renumber the roles to use ranks 0..{len(used) - 1}")
+
+
+def check_nodes(t: TopologyConfig) -> None:
+    """The multi-node settings; the hostfile itself is checked where it is read (rlft.launch_plan)."""
+    _require(t.launcher in LAUNCHERS, f"topology.launcher: must be one of {', '.join(LAUNCHERS)}, got '{t.launcher}'")
+    _require(t.master_port is None or 0 < t.master_port < 65536,
+             f"topology.master_port: must be a TCP port (1-65535) or null, got {t.master_port}")
+    _require(t.node_rank is None or 0 <= t.node_rank < t.nodes,
+             f"topology.node_rank: must be between 0 and topology.nodes - 1 ({t.nodes - 1}), got {t.node_rank}")
+    _require(t.nodes == 1 or t.world_size() % t.nodes == 0,
+             f"topology.nodes: {t.world_size()} ranks do not split evenly over {t.nodes} nodes")
+    if t.nodes > 1 and t.launcher == "no_ssh":
+        _require(bool(t.master_addr), "topology.master_addr: required with topology.launcher=no_ssh (node 0's "
+                                      "address, as every node reaches it)")
 
 
 # ---------------------------------------------------------------- entry points

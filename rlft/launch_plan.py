@@ -1,25 +1,184 @@
 """What launch/*.sh needs to start a run: validates the config and prints the launch plan.
 
-    python -m rlft.launch_plan --config X.yaml [key=value ...]
-    -> "WORLD_SIZE NODES RANKS_PER_NODE MASTER_PORT HOSTFILE"
+    python -m rlft.launch_plan --config X.yaml [--gpus-available N] [key=value ...]
+
+prints shell assignments that `launch/_launch.sh` evaluates:
+
+    world=16 nodes=2 per_node=8         ranks in all, nodes, ranks per node
+    ds_args=(...)                       the deepspeed launcher's options (before the module)
+    entry=module|script                 `--module rlft.X`, or launch/rank.py for launchers that
+                                        cannot start a module (DeepSpeed's slurm launcher)
+    rank_args=(...)                     overrides every rank also receives (the master address
+                                        and port, for launchers that do not pass them on)
+    placement='node 0: ...'             which roles each node hosts, for the start-up message
+
+One node: `--num_gpus N --master_port P`.  Several nodes (`topology.nodes > 1`) go through
+DeepSpeed's own launchers with `output.hostfile`: pdsh over ssh (the default), slurm and the MPI
+launchers, or `no_ssh`, one launch per node with its `topology.node_rank`.  Ranks fill the nodes in
+order, `world / nodes` per node: node n holds ranks [n * per_node, (n + 1) * per_node).
 
 Exit status 2 with one line on stderr for any config mistake, before anything is launched.
 """
 from __future__ import annotations
 
 import argparse
+import re
+import shlex
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from rlft.common import free_port
-from rlft.config import load_config_or_exit
+from rlft.config import ConfigError, RunConfig, TopologyConfig, load_config_or_exit
+
+DEFAULT_MULTINODE_PORT = 29500
+# DeepSpeed's MPI launchers start every slot of the hostfile and refuse --num_nodes / --num_gpus.
+MPI_LAUNCHERS = ("openmpi", "mpich", "impi", "mvapich")
+_HOST_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")  # DeepSpeed's hostfile syntax
+
+
+@dataclass
+class LaunchPlan:
+    world: int
+    nodes: int
+    per_node: int
+    ds_args: list[str]
+    entry: str = "module"  # module | script
+    rank_args: list[str] = field(default_factory=list)
+    placement: list[str] = field(default_factory=list)
+
+    def shell(self) -> str:
+        q = shlex.quote
+        return "\n".join([
+            f"world={self.world} nodes={self.nodes} per_node={self.per_node} entry={self.entry}",
+            "ds_args=(" + " ".join(q(a) for a in self.ds_args) + ")",
+            "rank_args=(" + " ".join(q(a) for a in self.rank_args) + ")",
+            "placement=" + q("\n".join(self.placement)),
+        ])
+
+
+def read_hostfile(path: str | Path) -> list[tuple[str, int]]:
+    """(host, slots) in file order, as DeepSpeed reads an MPI-style hostfile (`worker-0 slots=8`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"output.hostfile: {path} does not exist (one line per node: 'HOST slots=RANKS')")
+    hosts: list[tuple[str, int]] = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _HOST_LINE.match(line)
+        if not m:
+            raise ConfigError(f"output.hostfile: {path} line {n}: expected 'HOST slots=N', got '{line}'")
+        if m.group(1) in [h for h, _ in hosts]:
+            raise ConfigError(f"output.hostfile: {path} names host {m.group(1)} twice (DeepSpeed refuses that)")
+        hosts.append((m.group(1), int(m.group(2))))
+    return hosts
+
+
+def check_hostfile(hosts: list[tuple[str, int]], t: TopologyConfig, per_node: int, path: str) -> None:
+    """The hostfile must hold the topology's nodes: enough hosts, each with a slot per rank.
+    The MPI launchers start every slot listed, so for them the file must match exactly."""
+    exact = t.launcher in MPI_LAUNCHERS
+    if len(hosts) < t.nodes or (exact and len(hosts) != t.nodes):
+        raise ConfigError(f"output.hostfile: {path} lists {len(hosts)} host(s) but topology.nodes is {t.nodes}"
+                          + (f" (the {t.launcher} launcher uses every host listed)" if exact else ""))
+    for host, slots in hosts[:t.nodes]:
+        if slots < per_node or (exact and slots != per_node):
+            raise ConfigError(f"output.hostfile: host {host} has slots={slots} but the topology places {per_node} "
+                              f"ranks on every node ({t.world_size()} ranks / {t.nodes} nodes)"
+                              + (f"; the {t.launcher} launcher starts every slot listed" if exact else ""))
+
+
+def _span(numbers: list[int]) -> str:
+    """[8, 9, 10] -> '8-10'; [0, 2] -> '0, 2'."""
+    if len(numbers) > 1 and numbers == list(range(numbers[0], numbers[-1] + 1)):
+        return f"{numbers[0]}-{numbers[-1]}"
+    return ", ".join(map(str, numbers))
+
+
+def placement(cfg: RunConfig) -> list[str]:
+    """One line per node: which ranks it holds and the roles they host."""
+    from rlft.topology import roles_for_rank
+
+    t = cfg.topology
+    per_node = cfg.world_size() // t.nodes
+    lines = []
+    for node in range(t.nodes):
+        roles = [roles_for_rank(t, r) for r in range(node * per_node, (node + 1) * per_node)]
+        parts = []
+        policy = [r for r in roles if r.policy]
+        if policy:
+            stages = sorted({r.stage for r in policy})
+            parts.append(f"policy stage{'s' if len(stages) > 1 else ''} {_span(stages)} on "
+                         f"rank{'s' if len(policy) > 1 else ''} {_span([r.rank for r in policy])}")
+        for r in roles:
+            others = [n for n in r.names() if not n.startswith("policy")]
+            if others:
+                parts.append(f"{' + '.join(others)} on rank {r.rank}")
+        lines.append(f"node {node}: " + "; ".join(parts))
+    return lines
+
+
+def make_plan(cfg: RunConfig, gpus_available: int = -1) -> LaunchPlan:
+    """The deepspeed launcher's options for `cfg` (raises ConfigError on anything impossible)."""
+    t = cfg.topology
+    world, nodes = cfg.world_size(), t.nodes
+    per_node = world // nodes
+    if gpus_available >= 0 and per_node > gpus_available:
+        raise ConfigError(f"topology needs {per_node} GPUs per node but {gpus_available} are available here; "
+                          f"pick a smaller config (launch/configs/grpo_{{1,2,4}}gpu.yaml)")
+    where = placement(cfg)
+    if nodes == 1:
+        port = t.master_port or free_port()
+        return LaunchPlan(world, 1, per_node, ["--num_gpus", str(per_node), "--master_port", str(port)],
+                          placement=where)
+
+    if not cfg.output.hostfile:
+        raise ConfigError("output.hostfile: required when topology.nodes > 1 (one line per node: "
+                          "'HOST slots=RANKS')")
+    hosts = read_hostfile(cfg.output.hostfile)
+    check_hostfile(hosts, t, per_node, cfg.output.hostfile)
+    port = t.master_port or DEFAULT_MULTINODE_PORT
+    args = ["--hostfile", cfg.output.hostfile, "--master_port", str(port)]
+    plan = LaunchPlan(world, nodes, per_node, args, placement=where)
+    if t.launcher in MPI_LAUNCHERS:
+        # The MPI launchers take every host and slot of the hostfile (checked above to match).
+        pass
+    elif t.launcher == "slurm" and gpus_available < 0:
+        args += ["--num_nodes", str(nodes)]  # CPU: srun's --gpus-per-node (from --num_gpus) would fail
+    else:
+        args += ["--num_nodes", str(nodes), "--num_gpus", str(per_node)]
+
+    if t.launcher == "no_ssh":
+        if t.node_rank is None:
+            raise ConfigError(f"topology.node_rank: required with topology.launcher=no_ssh; start one launch on "
+                              f"every node with topology.node_rank=0 .. {nodes - 1}")
+        args += ["--no_ssh", "--node_rank", str(t.node_rank), "--master_addr", t.master_addr]
+    elif t.launcher == "pdsh":
+        if t.master_addr:  # otherwise DeepSpeed asks the first host over ssh (`hostname -I`)
+            args += ["--master_addr", t.master_addr]
+    else:
+        # srun / mpirun start the ranks themselves: no ssh check, and the ranks learn the master
+        # address and port from their command line (not every launcher passes MASTER_ADDR on).
+        addr = t.master_addr or hosts[0][0]
+        args += ["--launcher", t.launcher, "--no_ssh_check", "--master_addr", addr]
+        plan.rank_args = [f"topology.master_addr={addr}", f"topology.master_port={port}"]
+    launcher_args = t.launcher_args
+    if t.launcher == "slurm" and "--ntasks-per-node" not in launcher_args:
+        # srun places ranks by count: keep DeepSpeed's order, per_node consecutive ranks per node.
+        launcher_args = f"--ntasks-per-node={per_node} {launcher_args}".strip()
+    if launcher_args:
+        args.append(f"--launcher_args={launcher_args}")  # one word: its value may start with --
+    if t.launcher == "slurm":
+        plan.entry = "script"  # DeepSpeed's slurm launcher runs `python SCRIPT`, never `python -m`
+    return plan
 
 
 def check_model_layers(cfg) -> None:
     """When the starting model is a local directory, refuse a pipeline deeper than the model now."""
     import json
-    from pathlib import Path
 
-    from rlft.config import ConfigError
     from rlft.topology import check_stages_vs_layers
 
     config_json = Path(cfg.output.init_checkpoint or cfg.model.path) / "config.json"
@@ -27,11 +186,7 @@ def check_model_layers(cfg) -> None:
         return
     layers = json.loads(config_json.read_text()).get("num_hidden_layers")
     if isinstance(layers, int):
-        try:
-            check_stages_vs_layers(layers, cfg.topology.pipeline_stages)
-        except ConfigError as e:
-            print(f"rlft: config error: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
+        check_stages_vs_layers(layers, cfg.topology.pipeline_stages)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,21 +196,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
     cfg = load_config_or_exit(args.config, args.overrides)
-    world, nodes = cfg.world_size(), cfg.topology.nodes
-    if world % nodes:
-        print(f"rlft: config error: topology.nodes: {world} ranks do not split evenly over {nodes} nodes",
-              file=sys.stderr)
-        raise SystemExit(2)
-    per_node = world // nodes
-    if nodes > 1 and not cfg.output.hostfile:
-        print("rlft: config error: output.hostfile: required when topology.nodes > 1", file=sys.stderr)
-        raise SystemExit(2)
-    if args.gpus_available >= 0 and per_node > args.gpus_available:
-        print(f"rlft: config error: topology needs {per_node} GPUs per node but {args.gpus_available} are "
-              f"available here; pick a smaller config (launch/configs/grpo_{{1,2,4}}gpu.yaml)", file=sys.stderr)
-        raise SystemExit(2)
-    check_model_layers(cfg)
-    print(world, nodes, per_node, free_port(), cfg.output.hostfile or "-")
+    try:
+        plan = make_plan(cfg, args.gpus_available)
+        check_model_layers(cfg)
+    except ConfigError as e:
+        print(f"rlft: config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(plan.shell())
 
 
 if __name__ == "__main__":

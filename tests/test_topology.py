@@ -217,3 +217,46 @@ def test_stage_check_agrees_with_splitting_the_layers():
             else:
                 with pytest.raises(ConfigError):
                     check_stages_vs_layers(layers, stages)
+
+
+# ---------------------------------------------------------------- several nodes
+
+
+TWO_BY_EIGHT = CONFIGS / "grpo_2x8gpu.yaml"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["topology.launcher=pbs"], "topology.launcher: must be one of pdsh, slurm, openmpi, mpich, impi, mvapich, "
+                                "no_ssh, got 'pbs'"),
+    (["topology.launcher=no_ssh"], "topology.master_addr: required with topology.launcher=no_ssh (node 0's "
+                                   "address, as every node reaches it)"),
+    (["topology.node_rank=2"], "topology.node_rank: must be between 0 and topology.nodes - 1 (1), got 2"),
+    (["topology.master_port=70000"], "topology.master_port: must be a TCP port (1-65535) or null, got 70000"),
+    (["topology.nodes=3"], "topology.nodes: 16 ranks do not split evenly over 3 nodes"),
+])
+def test_multinode_settings_are_validated(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(TWO_BY_EIGHT, overrides)
+    assert str(info.value) == message
+
+
+def test_two_nodes_of_eight_gpus():
+    t = topology_of("grpo_2x8gpu.yaml")
+    assert (t.world_size(), t.nodes, t.launcher) == (16, 2, "pdsh")
+    roles = [roles_for_rank(t, r) for r in range(16)]
+    # Pipe-major order: stage s is ranks 2s and 2s + 1 (its two replicas), so stages 0-3 fill node 0
+    # (ranks 0-7) and stages 4-6 the first six GPUs of node 1.
+    assert [(r.stage, r.replica) for r in roles[:14]] == [(s, d) for s in range(7) for d in range(2)]
+    assert [r.describe() for r in roles[14:]] == ["rank 14 (reference + evaluator)", "rank 15 (sampler)"]
+    assert all(r.num_stages == 7 and r.num_replicas == 2 for r in roles)
+
+
+def test_two_simulated_cpu_nodes():
+    t = topology_of("grpo_cpu_2node.yaml")
+    assert (t.world_size(), t.nodes, t.launcher, t.master_addr) == (4, 2, "no_ssh", "127.0.0.1")
+    assert [summary(t, r) for r in range(4)] == [
+        (0, 0, 0, True, False, False, False, False),
+        ONLY_REFERENCE,
+        (1, 1, 0, False, True, False, False, False),  # global rank 2 is the policy world's rank 1
+        (None, None, None, False, False, True, False, True),
+    ]

@@ -9,11 +9,13 @@ import sys
 import traceback
 from typing import Callable
 
-from rlft.common import free_port
+from rlft.common import free_port, log
 from rlft.config import ConfigError, RunConfig
 from rlft.runtime.bridge import Bridge
 from rlft.runtime.context import RankContext, choose_device
+from rlft.runtime.launcher_env import adopt_launcher_env, check_placement
 from rlft.runtime.reporting import setup_logging
+from rlft.runtime.watchdog import watch_launcher
 from rlft.topology import RankRoles, roles_for_rank
 
 # How a collective fails on the survivors when another rank died (the launcher then stops them all).
@@ -37,6 +39,7 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
              role_label: Callable[[RankRoles], str] | None = None) -> None:
     """Everything a rank does around its work: roles, device, bridge, then `run_fn(ctx)`; on any
     failure one line naming the rank and the cause, and an exit that brings the launch down."""
+    adopt_launcher_env(cfg.topology)  # ranks started by srun / mpirun
     rank = int(os.environ.setdefault("RANK", "0"))
     world = int(os.environ.setdefault("WORLD_SIZE", "1"))
     os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed reads it; absent outside the launcher
@@ -47,6 +50,7 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
     roles = roles_for_rank(cfg.topology, rank)
     setup_logging(rank, role_label(roles) if role_label else "+".join(n.split("[")[0] for n in roles.names()))
     try:
+        log.info("%s on %s", roles.describe(), check_placement(cfg.topology, rank, int(os.environ["LOCAL_RANK"])))
         restrict_gpu_for_vllm(cfg, roles)
         device = choose_device(cfg)
         port = int(os.environ.get("MASTER_PORT", "0")) or free_port()
@@ -56,6 +60,7 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
         print(f"rlft: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     ctx = RankContext(cfg=cfg, roles=roles, bridge=bridge, device=device)
+    watch_launcher(lambda cause, code: stopped(ctx, cause, code), who=roles.describe())
     try:
         run_fn(ctx)
     except ConfigError as e:
@@ -86,6 +91,14 @@ def fail(ctx: RankContext, message: str, exit_code: int, trace: bool = False) ->
         print(text, file=sys.stderr, flush=True)
     else:
         print(f"rlft: {who} stopping, because {first.removeprefix('rlft: ')}", file=sys.stderr, flush=True)
+    exit_rank(exit_code, ctx, graceful=False)
+
+
+def stopped(ctx: RankContext, cause: str, exit_code: int) -> None:
+    """Stopped from outside (a stop signal, the launcher gone): one line naming the rank and the
+    cause, then exit at once.  Not recorded as the launch's failure: the launcher also sends the
+    signal to every rank when another one failed, and that rank's own line names the cause."""
+    print(f"rlft: {ctx.roles.describe()} stopping: {cause}", file=sys.stderr, flush=True)
     exit_rank(exit_code, ctx, graceful=False)
 
 

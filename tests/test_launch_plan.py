@@ -1,0 +1,235 @@
+"""The launch plan (rlft.launch_plan) for one node and for several through DeepSpeed's launchers, and
+the commands DeepSpeed's own runner builds from it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlft.config import ConfigError, load_config
+from rlft.launch_plan import make_plan, read_hostfile
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "launch" / "configs"
+TWO_BY_EIGHT = CONFIGS / "grpo_2x8gpu.yaml"
+
+
+@pytest.fixture(autouse=True)
+def in_repo(monkeypatch):
+    monkeypatch.chdir(REPO)  # the configs name their hostfiles relative to the checkout
+
+
+def plan_of(config: Path | None, *overrides: str, gpus: int = 8):
+    return make_plan(load_config(config, list(overrides)), gpus)
+
+
+def write_hostfile(tmp_path: Path, *lines: str) -> str:
+    path = tmp_path / "hostfile"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+# ---------------------------------------------------------------- one node
+
+
+def test_one_node_uses_num_gpus_and_a_free_port():
+    plan = plan_of(CONFIGS / "grpo_8gpu.yaml")
+    assert (plan.world, plan.nodes, plan.per_node, plan.entry, plan.rank_args) == (8, 1, 8, "module", [])
+    assert plan.ds_args[:3] == ["--num_gpus", "8", "--master_port"] and int(plan.ds_args[3]) > 0
+    assert plan.placement == ["node 0: policy stages 0-4 on ranks 0-4; evaluator on rank 5; reference on rank 6; "
+                              "sampler on rank 7"]
+    assert plan_of(CONFIGS / "grpo_8gpu.yaml", "topology.master_port=29999").ds_args[3] == "29999"
+
+
+# ---------------------------------------------------------------- the 2 x 8 GPU layout
+
+
+def test_two_by_eight_layout_places_the_pipeline_over_both_nodes():
+    cfg = load_config(TWO_BY_EIGHT)
+    t = cfg.topology
+    assert (cfg.world_size(), t.nodes, t.pipeline_stages, len(t.policy_ranks)) == (16, 2, 7, 14)
+    plan = make_plan(cfg, 8)
+    assert plan.placement == [
+        "node 0: policy stages 0-3 on ranks 0-7",
+        "node 1: policy stages 4-6 on ranks 8-13; reference + evaluator on rank 14; sampler on rank 15"]
+    # Every stage's two replicas share a node: gradient all-reduces stay inside a node.
+    from rlft.topology import policy_rank_of
+
+    for stage in range(7):
+        ranks = [policy_rank_of(t, replica, stage) for replica in range(2)]
+        assert len({r // 8 for r in ranks}) == 1, (stage, ranks)
+    # Qwen2.5-Math-7B's 28 layers split evenly over the 7 stages.
+    from rlft.topology import check_stages_vs_layers
+
+    check_stages_vs_layers(28, 7)
+
+
+def test_two_by_eight_needs_eight_gpus_per_node():
+    with pytest.raises(ConfigError, match="topology needs 8 GPUs per node but 4 are available here"):
+        plan_of(TWO_BY_EIGHT, gpus=4)
+
+
+def test_pdsh_plan():
+    plan = plan_of(TWO_BY_EIGHT)
+    assert plan.ds_args == ["--hostfile", "launch/hostfiles/2x8gpu", "--master_port", "29500",
+                            "--num_nodes", "2", "--num_gpus", "8"]
+    assert (plan.world, plan.nodes, plan.per_node, plan.entry, plan.rank_args) == (16, 2, 8, "module", [])
+    addr = plan_of(TWO_BY_EIGHT, "topology.master_addr=10.0.0.1").ds_args
+    assert addr[-2:] == ["--master_addr", "10.0.0.1"]
+
+
+def test_slurm_plan():
+    plan = plan_of(TWO_BY_EIGHT, "topology.launcher=slurm", "topology.launcher_args=--partition=gpu")
+    assert plan.ds_args == ["--hostfile", "launch/hostfiles/2x8gpu", "--master_port", "29500",
+                            "--num_nodes", "2", "--num_gpus", "8", "--launcher", "slurm", "--no_ssh_check",
+                            "--master_addr", "node-0", "--launcher_args=--ntasks-per-node=8 --partition=gpu"]
+    assert plan.entry == "script"
+    assert plan.rank_args == ["topology.master_addr=node-0", "topology.master_port=29500"]
+
+
+def test_mpi_plans_take_the_hostfile_as_it_is():
+    for launcher in ("openmpi", "mpich", "impi", "mvapich"):
+        plan = plan_of(TWO_BY_EIGHT, f"topology.launcher={launcher}", "topology.master_addr=10.0.0.1")
+        assert plan.ds_args == ["--hostfile", "launch/hostfiles/2x8gpu", "--master_port", "29500",
+                                "--launcher", launcher, "--no_ssh_check", "--master_addr", "10.0.0.1"]
+        assert plan.entry == "module"
+        assert plan.rank_args == ["topology.master_addr=10.0.0.1", "topology.master_port=29500"]
+
+
+def test_no_ssh_plan_is_one_node_of_the_launch():
+    for node in (0, 1):
+        plan = plan_of(TWO_BY_EIGHT, "topology.launcher=no_ssh", "topology.master_addr=10.0.0.1",
+                       f"topology.node_rank={node}")
+        assert plan.ds_args == ["--hostfile", "launch/hostfiles/2x8gpu", "--master_port", "29500",
+                                "--num_nodes", "2", "--num_gpus", "8", "--no_ssh", "--node_rank", str(node),
+                                "--master_addr", "10.0.0.1"]
+
+
+def test_cpu_two_node_config_plan():
+    plan = plan_of(CONFIGS / "grpo_cpu_2node.yaml", "topology.node_rank=1", gpus=-1)
+    assert plan.ds_args == ["--hostfile", "launch/hostfiles/cpu_2node", "--master_port", "29500",
+                            "--num_nodes", "2", "--num_gpus", "2", "--no_ssh", "--node_rank", "1",
+                            "--master_addr", "127.0.0.1"]
+    assert plan.placement == ["node 0: policy stage 0 on rank 0; reference on rank 1",
+                              "node 1: policy stage 1 on rank 2; sampler + evaluator on rank 3"]
+    assert read_hostfile("launch/hostfiles/cpu_2node") == [("localhost", 2), ("127.0.0.1", 2)]
+
+
+# ---------------------------------------------------------------- what DeepSpeed builds from a plan
+
+
+def deepspeed_runner(plan, tail: list[str]):
+    """DeepSpeed's runner as its main() sets it up for `deepspeed <plan> <tail>`: (args, pool, active)."""
+    from deepspeed.launcher import runner
+
+    args = runner.parse_args(plan.ds_args + tail)
+    pool = runner.fetch_hostfile(args.hostfile)
+    active = runner.parse_inclusion_exclusion(pool, args.include, args.exclude)
+    active = runner.apply_num_nodes_and_gpus(active, args.num_nodes, args.num_gpus)
+    return args, pool, active, runner.encode_world_info(active)
+
+
+def test_deepspeed_builds_an_srun_command_from_the_slurm_plan(tmp_path):
+    from deepspeed.launcher.multinode_runner import SlurmRunner
+
+    hostfile = write_hostfile(tmp_path, "gpu-a slots=8", "gpu-b slots=8")
+    plan = plan_of(TWO_BY_EIGHT, "topology.launcher=slurm", f"output.hostfile={hostfile}")
+    script = str(REPO / "launch" / "rank.py")
+    args, pool, active, world = deepspeed_runner(plan, [script, "rlft.train_grpo", "--config", "x.yaml"])
+    assert args.no_ssh_check and args.master_addr == "gpu-a" and args.launcher == "slurm"
+    cmd = SlurmRunner(args, world, pool).get_cmd(dict(os.environ), active)
+    assert cmd[:cmd.index("--export=ALL")] == ["srun", "-n", "16", "--ntasks-per-node=8", "--nodes", "2",
+                                                 "--gpus-per-node", "8"]
+    assert cmd[cmd.index("--export=ALL") + 2:] == ["-u", script, "rlft.train_grpo", "--config", "x.yaml"]
+
+
+def test_deepspeed_builds_an_mpirun_command_from_the_openmpi_plan():
+    from deepspeed.launcher.multinode_runner import OpenMPIRunner
+
+    plan = plan_of(TWO_BY_EIGHT, "topology.launcher=openmpi")
+    args, pool, active, world = deepspeed_runner(plan, ["--module", "rlft.train_grpo", "--config", "x.yaml"])
+    cmd = OpenMPIRunner(args, world, pool).get_cmd(dict(os.environ), active)  # refuses --num_nodes/--num_gpus
+    assert cmd[:5] == ["mpirun", "-n", "16", "-hostfile", "launch/hostfiles/2x8gpu"]
+    assert cmd[cmd.index("-u") + 1:] == ["-m", "rlft.train_grpo", "--config", "x.yaml"]
+
+
+def test_deepspeed_per_node_launch_gives_node_one_the_upper_ranks():
+    """What DeepSpeed's per-node launcher (launch.py) computes for node 1 of the 2 x 8 layout."""
+    plan = plan_of(TWO_BY_EIGHT, "topology.launcher=no_ssh", "topology.master_addr=10.0.0.1",
+                   "topology.node_rank=1")
+    args, _, active, _ = deepspeed_runner(plan, ["--module", "rlft.train_grpo"])
+    assert args.no_ssh and args.node_rank == 1 and args.master_addr == "10.0.0.1"
+    hosts = list(active)
+    assert hosts == ["node-0", "node-1"] and active["node-1"] == list(range(8))
+    # launch.py: global ranks follow the host order, local rank = global rank % ranks on the node.
+    first = sum(len(active[h]) for h in hosts[:args.node_rank])
+    ranks = [first + i for i in range(len(active[hosts[args.node_rank]]))]
+    assert ranks == list(range(8, 16)) and [r % 8 for r in ranks] == list(range(8))
+
+
+def test_rank_entry_script_runs_a_module(tmp_path):
+    """launch/rank.py (the slurm entry) runs `rlft.X` as `python -m rlft.X` would."""
+    env = dict(os.environ, PYTHONPATH="")
+    res = subprocess.run([sys.executable, str(REPO / "launch" / "rank.py"), "rlft.launch_plan", "--config",
+                          str(CONFIGS / "grpo_8gpu.yaml"), "--gpus-available", "8"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("world=8 nodes=1 per_node=8 entry=module")
+
+
+# ---------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("lines, overrides, message", [
+    (None, ["output.hostfile=/nonexistent/hosts"],
+     "output.hostfile: /nonexistent/hosts does not exist (one line per node: 'HOST slots=RANKS')"),
+    (["node-0 slots=8"], [], "output.hostfile: {path} lists 1 host(s) but topology.nodes is 2"),
+    (["node-0 slots=8", "node-1 slots=4"], [],
+     "output.hostfile: host node-1 has slots=4 but the topology places 8 ranks on every node (16 ranks / 2 nodes)"),
+    (["node-0 slots=8", "node-1 slots=8", "node-2 slots=8"], ["topology.launcher=openmpi"],
+     "output.hostfile: {path} lists 3 host(s) but topology.nodes is 2 (the openmpi launcher uses every host listed)"),
+    (["node-0 slots=16", "node-1 slots=16"], ["topology.launcher=mpich"],
+     "output.hostfile: host node-0 has slots=16 but the topology places 8 ranks on every node (16 ranks / 2 nodes); "
+     "the mpich launcher starts every slot listed"),
+    (["node-0 slots=8", "node-0 slots=8"], [], "output.hostfile: {path} names host node-0 twice (DeepSpeed refuses that)"),
+    (["node-0 8"], [], "output.hostfile: {path} line 1: expected 'HOST slots=N', got 'node-0 8'"),
+    (["node-0 slots=8", "node-1 slots=8"], ["topology.launcher=no_ssh", "topology.master_addr=n0"],
+     "topology.node_rank: required with topology.launcher=no_ssh; start one launch on every node with "
+     "topology.node_rank=0 .. 1"),
+    (["node-0 slots=8", "node-1 slots=8"], ["output.hostfile=null"],
+     "output.hostfile: required when topology.nodes > 1 (one line per node: 'HOST slots=RANKS')"),
+])
+def test_impossible_multinode_launches_are_refused(tmp_path, lines, overrides, message):
+    path = write_hostfile(tmp_path, *lines) if lines else ""
+    with pytest.raises(ConfigError) as info:
+        plan_of(TWO_BY_EIGHT, *([f"output.hostfile={path}"] if path else []), *overrides)
+    assert str(info.value) == message.format(path=path)
+
+
+def test_a_larger_hostfile_is_trimmed_by_deepspeed(tmp_path):
+    path = write_hostfile(tmp_path, "a slots=16", "b slots=16", "c slots=16")
+    plan = plan_of(TWO_BY_EIGHT, f"output.hostfile={path}")
+    _, _, active, _ = deepspeed_runner(plan, ["--module", "rlft.train_grpo"])
+    assert active == {"a": list(range(8)), "b": list(range(8))}
+
+
+def test_launch_plan_command_line_prints_shell_assignments(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    res = subprocess.run([sys.executable, "-m", "rlft.launch_plan", "--config", str(TWO_BY_EIGHT),
+                          "--gpus-available", "8", "topology.launcher=slurm"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    shown = subprocess.run(["bash", "-c", res.stdout + '\nprintf "%s|" "$world" "$entry" "${ds_args[@]}"; echo;'
+                            'printf "%s\\n" "$placement"'], capture_output=True, text=True)
+    first, *placement = shown.stdout.splitlines()
+    assert first.startswith("16|script|--hostfile|launch/hostfiles/2x8gpu|")
+    assert first.endswith("|--launcher_args=--ntasks-per-node=8|")
+    assert placement == ["node 0: policy stages 0-3 on ranks 0-7",
+                         "node 1: policy stages 4-6 on ranks 8-13; reference + evaluator on rank 14; sampler on rank 15"]
+    bad = subprocess.run([sys.executable, "-m", "rlft.launch_plan", "--config", str(TWO_BY_EIGHT), "topology.nodes=3"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "rlft: config error: topology.nodes: 16 ranks do not split evenly over 3 nodes"
