@@ -444,7 +444,7 @@ def roles_summary(cfg):
     ("grpo_4gpu.yaml", ([0, 1], 2, 3, 2, 2, 4)),
     ("grpo_2gpu.yaml", ([0], 1, 1, 1, 1, 2)),
     ("grpo_1gpu.yaml", ([0], 1, 0, 0, 0, 1)),
-    ("grpo_cpu_demo.yaml", ([0], 1, 1, 1, 1, 2)),
+    ("grpo_cpu_demo.yaml", ([0], 1, 0, 0, 0, 1)),
     ("grpo_cpu_tiny.yaml", ([0, 1], 2, 3, 2, 2, 4)),
 ])
 def test_shipped_config_topologies(name, topology):
@@ -461,34 +461,19 @@ def test_gpu_configs_train_gsm8k_from_the_sft_output(name):
 
 
 def test_cpu_demo_config():
+    """The demo's GRPO stage: easy sums from the SFT warm start, small enough for 2 CPU cores."""
     cfg = load_config(CONFIGS / "grpo_cpu_demo.yaml")
-    assert cfg.model.path == "smollm2-135m-instruct"
-    assert cfg.data.source == "gsm_symbolic"
+    assert cfg.output.init_checkpoint == "runs/demo/sft/model"
+    assert cfg.data.source.startswith("reasoning_gym:chain_sum?")
+    assert cfg.data.prompt_template == "r1_short"
     assert cfg.sampling.backend == "hf"
-    assert (cfg.grpo.group_size, cfg.optim.rollout_batch_size, cfg.optim.train_micro_batch_size) == (4, 8, 2)
-    assert cfg.sampling.max_tokens == 96
-    assert (cfg.schedule.steps, cfg.schedule.evaluate_freq, cfg.schedule.save_every) == (6, 3, 3)
-    assert cfg.data.eval_size == 8
-    assert cfg.output.dir == "runs/demo"
-    assert cfg.device == "cpu"
-
-
-def test_cpu_tiny_config_with_the_integration_tests_overrides(tmp_path, gsm8k_dir):
-    cfg = load_config(CONFIGS / "grpo_cpu_tiny.yaml",
-                      [f"model.path={tmp_path / 'tiny-model'}", f"data.source={gsm8k_dir}",
-                       f"output.dir={tmp_path / 'run'}"])
-    assert cfg.model.path == str(tmp_path / "tiny-model")
-    assert cfg.data.source == str(gsm8k_dir)
-    assert cfg.output.dir == str(tmp_path / "run")
-    assert cfg.sampling.backend == "hf"
-    assert cfg.sampling.max_tokens == 16
-    assert cfg.sampling.min_tokens <= 16
-    assert (cfg.schedule.steps, cfg.schedule.save_every, cfg.schedule.evaluate_freq) == (3, 2, 2)
-    assert cfg.data.eval_size == 4
-    assert cfg.device == "cpu"
-    # Tiny batches that still give the 2-stage pipeline more than one micro-batch per step.
-    assert cfg.optim.rollout_batch_size // cfg.optim.train_micro_batch_size == 2
-    assert cfg.optim.rollout_batch_size <= 8
+    assert (cfg.grpo.group_size, cfg.optim.rollout_batch_size, cfg.optim.train_micro_batch_size) == (4, 32, 8)
+    assert cfg.sampling.max_tokens == 32
+    assert (cfg.schedule.steps, cfg.schedule.evaluate_freq, cfg.schedule.evaluate_at_start) == (20, 10, True)
+    sft = load_config(CONFIGS / "sft_cpu_demo.yaml")
+    assert (sft.output.dir + "/model", sft.data.source, sft.data.prompt_template) == (
+        cfg.output.init_checkpoint, cfg.data.source, cfg.data.prompt_template)
+    assert sft.sft.max_steps == 4
 
 
 def test_cpu_demo_config_with_overrides(tmp_path):
