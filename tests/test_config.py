@@ -467,9 +467,9 @@ def test_cpu_demo_config():
     assert cfg.data.source.startswith("reasoning_gym:chain_sum?")
     assert cfg.data.prompt_template == "r1_short"
     assert cfg.sampling.backend == "hf"
-    assert (cfg.grpo.group_size, cfg.optim.rollout_batch_size, cfg.optim.train_micro_batch_size) == (4, 32, 8)
+    assert (cfg.grpo.group_size, cfg.optim.rollout_batch_size, cfg.optim.train_micro_batch_size) == (4, 16, 8)
     assert cfg.sampling.max_tokens == 32
-    assert (cfg.schedule.steps, cfg.schedule.evaluate_freq, cfg.schedule.evaluate_at_start) == (20, 10, True)
+    assert (cfg.schedule.steps, cfg.schedule.evaluate_freq, cfg.schedule.evaluate_at_start) == (16, 8, True)
     sft = load_config(CONFIGS / "sft_cpu_demo.yaml")
     assert (sft.output.dir + "/model", sft.data.source, sft.data.prompt_template) == (
         cfg.output.init_checkpoint, cfg.data.source, cfg.data.prompt_template)

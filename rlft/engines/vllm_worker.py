@@ -191,6 +191,34 @@ def _effective_linear_weight_chunks(layer: torch.nn.Module, device: torch.device
         yield layer.quant_method.apply(layer, eye, bias=None)
 
 
+def layers_without_own_weights(model: torch.nn.Module) -> set[str]:
+    """Class names of the layers that hold no checkpoint weight of their own: no parameters (a
+    rotary embedding's cos/sin cache is a buffer computed at start) or only parameters another
+    layer already holds (a tied lm_head is the embedding's weight).  An update never names them."""
+    owner: set[int] = set()
+    names: set[str] = set()
+    for module in model.modules():
+        own = list(module.parameters(recurse=False))
+        if not own or all(id(p) in owner for p in own):
+            names.add(type(module).__name__)
+        owner.update(id(p) for p in own)
+    return names
+
+
+class ExpectedUnloadedFilter(logging.Filter):
+    """Drops vLLM's "<Layer>: Failed to load weights" warning for layers an update cannot name
+    (`layers_without_own_weights`): it fired on every sync while the weights were right (the
+    checksums agree), and a warning that always fires hides the one that matters."""
+
+    def __init__(self, layer_names: set[str]):
+        super().__init__()
+        self.layer_names = layer_names
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args
+                    and record.args[0] in self.layer_names)
+
+
 class WeightSyncExtension:
     """Worker-side RPC targets for in-place weight updates (mixed into vLLM's worker).
 
@@ -279,6 +307,9 @@ class WeightSyncExtension:
             from vllm.model_executor.model_loader.reload import layerwise
 
             model = self.model_runner.model
+            if not getattr(self, "_rlft_log_filter", None):
+                self._rlft_log_filter = ExpectedUnloadedFilter(layers_without_own_weights(model))
+                logging.getLogger(layerwise.__name__).addFilter(self._rlft_log_filter)
             for name, module in model.named_modules():
                 info = layerwise.LAYERWISE_INFO.get(module)
                 if not _is_linear(module) or info is None or not info.can_load():
