@@ -82,6 +82,8 @@ class RolloutWorker:
         (the model's positions minus the response budget; None = no limit)."""
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.group_size = cfg.grpo.group_size
+        default_grader().start()  # warm the grading workers now, not in the first step
+        self.reward_fn = make_reward_fn(cfg.reward.fn, cfg.reward.format_weight, timeout_s=cfg.reward.timeout_s)
         d = cfg.data
         loaded = load_examples(d.source, d.train_split, size=d.train_size, seed=cfg.seed)
         loaded = drop_long_prompts(loaded, tokenizer, d.prompt_template, max_prompt_tokens,
@@ -95,8 +97,6 @@ class RolloutWorker:
                 f"{f' (skipped: {skipped})' if skipped else ''}, but every step draws optim.rollout_batch_size / "
                 f"grpo.group_size = {prompts_per_step} prompts; raise data.train_size or lower "
                 f"optim.rollout_batch_size")
-        default_grader().start()  # warm the grading workers now, not in the first step
-        self.reward_fn = make_reward_fn(cfg.reward.fn, cfg.reward.format_weight, timeout_s=cfg.reward.timeout_s)
         self.prompts = PromptSampler(len(self.examples), prompts_per_step, cfg.seed, shuffle=cfg.data.shuffle)
         log.info("sampler: %d training prompts (%s), %d per step, engine %s", len(self.examples),
                  cfg.data.source, prompts_per_step, type(engine).__name__)

@@ -30,7 +30,8 @@ def agree_on_config_error(ctx: RankContext, error: str | None) -> None:
     order), so the launch ends with that one line and exit status 2 on every rank, instead of the
     ranks that waited on the failing one stopping with a lost connection."""
     bridge = ctx.bridge
-    if not bridge.all_reduce_max(1.0 if error else 0.0):  # a collective: a rank that died instead shows at once
+    bridge.barrier()  # a rank that died instead of reaching this shows here, as a lost connection
+    if not bridge.all_reduce_max(1.0 if error else 0.0):
         return
     errors = bridge.gather_objects(error, dst=0)
     raise ConfigError(bridge.broadcast_object(next((e for e in errors if e), None) if errors else None, src=0))
