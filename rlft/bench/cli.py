@@ -98,7 +98,7 @@ def bench_overrides(w: Workload, *, model_dir: str, data: str, steps: int, backe
         f"data.source={data}",
         f"data.train_size={w.prompts * steps}",  # one epoch = the run: no mid-run epoch checkpoint
         "data.eval_size=1",  # the trainer evaluates after its last step; keep that short
-        f"sampling.eval_max_tokens={min(w.tokens, 16)}",
+        f"sampling.eval_max_tokens={w.tokens}",  # the forced minimum applies to evaluation too
         f"sampling.backend={backend}",
         f"sampling.min_tokens={w.tokens}",
         f"sampling.max_tokens={w.tokens}",
