@@ -19,7 +19,8 @@ def build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, roll
         from rlft.roles.policy import PolicyTrainer
 
         backend = "nccl" if ctx.device.type == "cuda" else "gloo"
-        init_policy_world(ctx.bridge, roles.policy_index, len(cfg.topology.policy_ranks), backend)
+        init_policy_world(ctx.bridge, roles.policy_index, len(cfg.topology.policy_ranks), backend,
+                          timeout_s=60 * cfg.topology.collective_timeout_minutes)
         ctx.policy = PolicyTrainer(cfg, roles, ctx.model_path, ctx.device, bf16=ctx.policy_dtype == torch.bfloat16,
                                    objective=objective, batch_size=batch_size)
     if roles.reference and objective.needs_reference:

@@ -83,6 +83,17 @@ def publish(tmp: Path, final: Path) -> None:
     os.replace(tmp, final)
 
 
+def remove_partial_writes(out_dir: str | Path) -> list[Path]:
+    """Remove what an interrupted save left half-written (temporary checkpoint and model
+    directories); returns them.  Only the launch that holds the output directory calls it."""
+    root = checkpoint_root(out_dir)
+    found = sorted(root.glob(".step_*.tmp")) if root.is_dir() else []
+    found += [p for p in (Path(out_dir) / ".model.tmp",) if p.exists()]
+    for p in found:
+        shutil.rmtree(p, ignore_errors=True)
+    return found
+
+
 def prune(out_dir: str | Path, keep: int) -> None:
     if keep <= 0:
         return
