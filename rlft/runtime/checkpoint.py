@@ -13,6 +13,7 @@ has finished writing, so a crash mid-save never leaves a directory that looks co
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -30,6 +31,10 @@ from rlft.models import load_hf_config
 
 if TYPE_CHECKING:
     from rlft.runtime.context import RankContext
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written; the message names it and the cause."""
+
 
 STATE_FILE = "trainer_state.json"
 FINAL_STATE_FILE = "rlft_state.json"
@@ -188,7 +193,44 @@ def has_weights(model_dir: str | Path) -> bool:
 
 
 def save_checkpoint(ctx: RankContext, step: int, *, final: bool = False) -> None:
-    """Every rank writes its part into a temporary directory; rank 0 publishes it."""
+    """Every rank writes its part into a temporary directory; rank 0 publishes it.  A write that
+    fails (a full disk, ...) removes the temporary directories and raises CheckpointError, whose
+    one line names the checkpoint and the cause."""
+    out = ctx.cfg.output.dir
+    try:
+        _save_checkpoint(ctx, step, final=final)
+    except (OSError, RuntimeError) as e:
+        cause = write_failure(e, checkpoint_root(out))  # before the removal frees the space
+        for partial in (tmp_step_dir(out, step), Path(out) / ".model.tmp"):
+            shutil.rmtree(partial, ignore_errors=True)
+        if cause is None:  # not a write that failed (a lost peer, ...): as it came
+            raise
+        raise CheckpointError(f"could not save checkpoint {step_dir(out, step)}: {cause} "
+                              f"(its temporary directory was removed)") from e
+
+
+def write_failure(e: BaseException, where: Path) -> str | None:
+    """Why a write failed, in words (a full disk named as such), or None when `e` is no write error.
+    torch.save reports a full disk as `[enforce fail at inline_container.cc] ... file write failed`,
+    without the errno: a disk left with almost no free space is taken as the cause."""
+    text = str(e)
+    if isinstance(e, (ConnectionError, TimeoutError)) or not (
+            isinstance(e, OSError) or any(s in text for s in ("PytorchStreamWriter", "inline_container", "write failed"))):
+        return None
+    try:
+        probe = next(p for p in (where, *where.parents) if p.exists())
+        free = shutil.disk_usage(probe).free
+    except (OSError, StopIteration):
+        probe, free = where, None
+    if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or (free is not None and free < 64 << 20):
+        left = f"{free / 2**20:.1f} MiB free on the disk holding {probe}" if free is not None else str(probe)
+        return f"no space left on the device ({left})"
+    if isinstance(e, OSError):
+        return f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+    return text.strip().splitlines()[-1]
+
+
+def _save_checkpoint(ctx: RankContext, step: int, *, final: bool) -> None:
     cfg, roles, bridge = ctx.cfg, ctx.roles, ctx.bridge
     tmp, dst = tmp_step_dir(cfg.output.dir, step), step_dir(cfg.output.dir, step)
     if roles.rank == 0:

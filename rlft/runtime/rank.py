@@ -17,6 +17,7 @@ from typing import Callable, NoReturn
 from rlft.common import free_port, log
 from rlft.config import ConfigError, RunConfig
 from rlft.runtime.bridge import Bridge
+from rlft.runtime.checkpoint import CheckpointError, checkpoint_root, remove_partial_writes
 from rlft.runtime.context import RankContext, choose_device
 from rlft.runtime.outdir_lock import OutputDirInUse, OutputDirLock, describe_holder
 from rlft.runtime.reporting import setup_logging
@@ -89,6 +90,8 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
         run_fn(ctx)
     except ConfigError as e:
         fail(ctx, f"config error: {e}", exit_code=2)
+    except CheckpointError as e:  # its message is the whole story: no traceback
+        fail(ctx, f"{type(e).__name__}: {e}", exit_code=1)
     except BaseException as e:  # noqa: BLE001 - any failure must take the whole launch down promptly
         fail(ctx, f"{type(e).__name__}: {e}", exit_code=1, trace=True)
     exit_rank(0, ctx)
@@ -100,8 +103,6 @@ def hold_output_dir(ctx: RankContext) -> None:
     names that launch and every rank exits with status 2."""
     refusal = None
     if ctx.roles.rank == 0:
-        from rlft.runtime.checkpoint import remove_partial_writes
-
         out, lock = ctx.cfg.output.dir, OutputDirLock(ctx.cfg.output.dir)
         launcher = launcher_processes()
         try:
@@ -195,8 +196,6 @@ def _remove_partial_writes() -> None:
     ctx = _life.ctx
     if ctx is None or _life.lock is None or not _life.lock.held:
         return
-    from rlft.runtime.checkpoint import checkpoint_root, remove_partial_writes
-
     out = Path(ctx.cfg.output.dir)
     if not any(checkpoint_root(out).glob(".step_*.tmp")) and not (out / ".model.tmp").exists():
         return
