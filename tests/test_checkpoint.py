@@ -84,3 +84,38 @@ def test_a_lost_peer_during_a_save_is_not_called_a_write_error(tmp_path):
         save_checkpoint(context(tmp_path, RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer")), 5)
     assert not isinstance(e.value, CheckpointError)
     assert list((tmp_path / "out" / "checkpoints").iterdir()) == []
+
+
+def write_checkpoint(out: Path, step: int, state_extra: dict, ds_files: list[str]) -> Path:
+    ck = checkpoint.step_dir(out, step)
+    (ck / "deepspeed").mkdir(parents=True)
+    for name in ds_files:
+        (ck / "deepspeed" / name).write_bytes(b"")
+    checkpoint.write_json_atomic(ck / checkpoint.STATE_FILE, {"step": step, **state_extra})
+    return ck
+
+
+def test_resuming_another_layout_is_explained_and_weights_only_on_request(tmp_path):
+    from rlft.config import ConfigError
+
+    out = tmp_path / "out"
+    ck = write_checkpoint(out, 4, {"layout": {"pipeline_stages": 2, "replicas": 1}}, [])
+    cfg = build_config({}, [*ALONE, f"output.dir={out}"])
+    with pytest.raises(ConfigError) as e:
+        checkpoint.resume_point(cfg)
+    assert str(e.value).startswith(f"output.resume: {ck} was written by a policy of 2 pipeline stages x 1 replica, "
+                                   f"this launch has 1 pipeline stage x 1 replica; ")
+    assert "output.resume_weights_only=true" in str(e.value)
+    assert checkpoint.resume_point(build_config({}, [*ALONE, f"output.dir={out}", "output.resume_weights_only=true"])) \
+        == (ck, True)
+    same = build_config({}, [*ALONE, f"output.dir={out}", "topology.policy_ranks=[0,1]", "topology.pipeline_stages=2"])
+    assert checkpoint.resume_point(same) == (ck, False)
+
+
+def test_the_layout_of_a_checkpoint_that_does_not_record_it_is_read_from_deepspeed_files(tmp_path):
+    ck = write_checkpoint(tmp_path, 2, {}, ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt",
+                                            "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                            "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+                                            "zero_pp_rank_0_mp_rank_01_optim_states.pt",
+                                            "zero_pp_rank_1_mp_rank_01_optim_states.pt"])
+    assert checkpoint.saved_layout(ck) == {"pipeline_stages": 2, "replicas": 2}

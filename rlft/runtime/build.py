@@ -6,6 +6,7 @@ import torch
 from rlft.config import RunConfig
 from rlft.objectives import Objective
 from rlft.runtime.bridge import init_policy_world
+from rlft.runtime.checkpoint import resume_point
 from rlft.runtime.context import RankContext
 
 
@@ -15,13 +16,15 @@ def build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, roll
     (when `rollouts`: GRPO's sampler) and the evaluator, which shares the sampler's engine when both
     live on one rank.  SFT's data feeder is made before, since its data decide the step count."""
     cfg, roles = ctx.cfg, ctx.roles
+    resumed, weights_only = resume_point(cfg)  # every rank: a checkpoint of another layout stops them all here
     if roles.policy:
         from rlft.roles.policy import PolicyTrainer
 
         backend = "nccl" if ctx.device.type == "cuda" else "gloo"
         init_policy_world(ctx.bridge, roles.policy_index, len(cfg.topology.policy_ranks), backend,
                           timeout_s=60 * cfg.topology.collective_timeout_minutes)
-        ctx.policy = PolicyTrainer(cfg, roles, ctx.model_path, ctx.device, bf16=ctx.policy_dtype == torch.bfloat16,
+        start = str(resumed / "hf") if weights_only else ctx.model_path  # the checkpoint's HF export
+        ctx.policy = PolicyTrainer(cfg, roles, start, ctx.device, bf16=ctx.policy_dtype == torch.bfloat16,
                                    objective=objective, batch_size=batch_size)
     if roles.reference and objective.needs_reference:
         from rlft.roles.reference import ReferenceModel

@@ -4,7 +4,7 @@
         deepspeed/              DeepSpeed's files (every policy rank: its stage's weights + optimizer)
         hf/                     the policy as an HF model directory (one safetensors shard per stage)
         rng/rank_<r>.pt         every rank's RNG state
-        trainer_state.json      step, data position; written last
+        trainer_state.json      step, data position, the policy's layout; written last
     OUT/model/                  the final HF model (written when training completes)
 
 A checkpoint is written into `.step_000010.tmp/` and renamed to `step_000010/` only after every rank
@@ -259,7 +259,7 @@ def _save_checkpoint(ctx: RankContext, step: int, *, final: bool) -> None:
         hf_config = ctx.policy.hf_config if ctx.policy is not None else load_hf_config(ctx.model_path)
         write_hf_index(tmp / "hf", names, hf_config, ctx.tokenizer, ctx.policy_dtype)
         write_json_atomic(tmp / STATE_FILE, {"step": step, "prompt_sampler": data_state,
-                                             "total_steps": cfg.schedule.steps})
+                                             "total_steps": cfg.schedule.steps, "layout": policy_layout(cfg)})
         publish(tmp, dst)
         prune(cfg.output.dir, cfg.output.keep_checkpoints)
         if final:
@@ -272,21 +272,67 @@ def _save_checkpoint(ctx: RankContext, step: int, *, final: bool) -> None:
 
 def resume_checkpoint(ctx: RankContext) -> int:
     """Restore from the configured checkpoint (`output.resume`); returns the step to continue after
-    (0 = fresh)."""
+    (0 = fresh).  With only the weights resumed (`resume_point`) the policy was built from the
+    checkpoint's HF export: its optimizer and every rank's RNG start afresh, the data position is kept."""
     cfg, roles = ctx.cfg, ctx.roles
-    if cfg.output.resume == "never":
-        return 0
-    path = latest_checkpoint(cfg.output.dir) if cfg.output.resume == "auto" else Path(cfg.output.resume)
+    path, weights_only = resume_point(cfg)
     if path is None:
         return 0
-    if not (path / STATE_FILE).is_file():
-        raise ConfigError(f"output.resume: {path} is not a complete rlft checkpoint (no {STATE_FILE})")
     state = read_state(path)
-    if ctx.policy is not None:
+    if ctx.policy is not None and not weights_only:
         ctx.policy.load(str(path))
     if ctx.data is not None and state.get("prompt_sampler"):
         ctx.data.load_state_dict(state["prompt_sampler"])
-    load_rng(path / "rng" / f"rank_{roles.rank}.pt")
+    if not weights_only:
+        load_rng(path / "rng" / f"rank_{roles.rank}.pt")
     if roles.rank == 0:
-        log.info("resuming from %s (step %d)", path, state["step"])
+        log.info("resuming %sfrom %s (step %d)", "the weights only (a fresh optimizer) " if weights_only else "",
+                 path, state["step"])
     return int(state["step"])
+
+
+def resume_point(cfg) -> tuple[Path | None, bool]:
+    """The checkpoint `output.resume` names (None: a fresh start) and whether only its policy
+    weights are resumed: on request (`output.resume_weights_only`).  A checkpoint written by another
+    policy layout, whose DeepSpeed state this launch cannot load, is refused with a ConfigError
+    saying so, unless only its weights are asked for."""
+    if cfg.output.resume == "never":
+        return None, False
+    path = latest_checkpoint(cfg.output.dir) if cfg.output.resume == "auto" else Path(cfg.output.resume)
+    if path is None:
+        return None, False
+    if not (path / STATE_FILE).is_file():
+        raise ConfigError(f"output.resume: {path} is not a complete rlft checkpoint (no {STATE_FILE})")
+    if cfg.output.resume_weights_only:
+        return path, True
+    saved, now = saved_layout(path), policy_layout(cfg)
+    if saved is not None and saved != now:
+        raise ConfigError(
+            f"output.resume: {path} was written by a policy of {_layout_words(saved)}, this launch has "
+            f"{_layout_words(now)}; DeepSpeed's state (optimizer partitions, stage files) cannot move between "
+            f"layouts. Set output.resume_weights_only=true to continue from its weights with a fresh optimizer, "
+            f"or launch with its topology")
+    return path, False
+
+
+def policy_layout(cfg) -> dict:
+    """What a checkpoint's DeepSpeed state depends on: pipeline stages and data-parallel replicas."""
+    t = cfg.topology
+    return {"pipeline_stages": t.pipeline_stages, "replicas": len(t.policy_ranks) // t.pipeline_stages}
+
+
+def saved_layout(ckpt: Path) -> dict | None:
+    """The policy layout that wrote `ckpt`: recorded in its state, or read from DeepSpeed's file
+    names (mp_rank_SS_model_states.pt per stage, zero_pp_rank_R_mp_rank_SS_optim_states.pt per replica)."""
+    recorded = read_state(ckpt).get("layout")
+    if recorded:
+        return recorded
+    ds = ckpt / "deepspeed"
+    stages = len(list(ds.glob("mp_rank_*_model_states.pt")))
+    replicas = len(list(ds.glob("zero_pp_rank_*_mp_rank_00_optim_states.pt")))
+    return {"pipeline_stages": stages, "replicas": replicas} if stages and replicas else None
+
+
+def _layout_words(layout: dict) -> str:
+    s, r = layout["pipeline_stages"], layout["replicas"]
+    return f"{s} pipeline stage{'s' * (s != 1)} x {r} replica{'s' * (r != 1)}"
