@@ -204,3 +204,34 @@ def test_the_output_lock_names_its_holder_and_is_taken_over_when_the_holder_is_g
     lock.release()
     assert json.loads((tmp_path / ".lock").read_text() or "{}") == {}  # a finished launch leaves no holder
     assert OutputDirLock(tmp_path).acquire() is None
+
+
+BLOCKED_RANK = """
+import datetime, os, sys
+import torch.distributed as dist
+from rlft.common import free_port
+from rlft.runtime.watchdog import Watchdog
+
+def stop(reason, code):
+    print("stopping:", reason, flush=True)
+    os._exit(code)
+
+Watchdog(stop)
+store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
+print("ready", flush=True)
+store.wait(["never"], datetime.timedelta(hours=1))  # the main thread blocked in C++, like a collective
+print("woke up", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_a_rank_whose_main_thread_waits_in_a_collective(sig):
+    proc = subprocess.Popen(["python", "-c", BLOCKED_RANK], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 128 + sig
+        assert proc.stdout.read().strip() == f"stopping: received {sig.name}"
+    finally:
+        proc.kill()

@@ -8,8 +8,10 @@ rank holds nothing.  (Within one process a second `acquire` does not conflict: o
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
+import logging
 import os
 import socket
 import time
@@ -45,7 +47,12 @@ class OutputDirLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):  # a filesystem without locks: run unguarded
+                logging.getLogger("rlft").warning("output.dir %s: cannot be locked (%s); nothing stops another "
+                                                  "launch from writing there too", self.out_dir, e.strerror)
+                os.close(fd)
+                return None
             holder = _read(fd)
             os.close(fd)
             raise OutputDirInUse(
