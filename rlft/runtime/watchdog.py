@@ -204,7 +204,7 @@ class Watchdog:
                 continue
             self._saved[sig] = current
             signal.signal(sig, self._on_signal)
-        self._saved_wakeup = signal.set_wakeup_fd(self._wfd, warn_on_full_buffer=False)
+        signal.set_wakeup_fd(self._wfd, warn_on_full_buffer=False)
         os.register_at_fork(after_in_child=self._forget_in_child)
         self._thread = threading.Thread(target=self._run, name="rlft-watchdog", daemon=True)
         self._thread.start()
