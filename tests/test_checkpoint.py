@@ -81,7 +81,8 @@ def test_another_write_error_is_named_as_it_is(tmp_path):
 
 def test_a_lost_peer_during_a_save_is_not_called_a_write_error(tmp_path):
     with pytest.raises(RuntimeError, match="Connection closed by peer") as e:
-        save_checkpoint(context(tmp_path, RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer")), 5)
+        lost = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+        save_checkpoint(context(tmp_path, lost), 5)
     assert not isinstance(e.value, CheckpointError)
     assert list((tmp_path / "out" / "checkpoints").iterdir()) == []
 

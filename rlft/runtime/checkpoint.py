@@ -214,8 +214,8 @@ def write_failure(e: BaseException, where: Path) -> str | None:
     torch.save reports a full disk as `[enforce fail at inline_container.cc] ... file write failed`,
     without the errno: a disk left with almost no free space is taken as the cause."""
     text = str(e)
-    if isinstance(e, (ConnectionError, TimeoutError)) or not (
-            isinstance(e, OSError) or any(s in text for s in ("PytorchStreamWriter", "inline_container", "write failed"))):
+    torch_write = any(s in text for s in ("PytorchStreamWriter", "inline_container", "write failed"))
+    if isinstance(e, (ConnectionError, TimeoutError)) or not (isinstance(e, OSError) or torch_write):
         return None
     try:
         probe = next(p for p in (where, *where.parents) if p.exists())

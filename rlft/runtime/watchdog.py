@@ -117,14 +117,13 @@ class Heartbeats:
         return self._failure
 
     def said(self, rank: int) -> str | None:
-        """The line `rank` printed when it stopped or failed, if it got to record it."""
+        """The line `rank` printed when it stopped or failed: "" when it left none, None when the
+        store cannot tell (its host, rank 0, is gone too)."""
         try:
             with self._lock:
-                if self.store.check([said_key(rank)]):
-                    return self.store.get(said_key(rank)).decode()
+                return self.store.get(said_key(rank)).decode() if self.store.check([said_key(rank)]) else ""
         except Exception:  # noqa: BLE001
-            pass
-        return None
+            return None
 
     def record(self, line: str) -> None:
         """Leave this rank's last line where the others can read it (bounded by the short timeout)."""
@@ -153,8 +152,8 @@ def cite(line: str) -> str:
 def diagnose(bridge: Bridge, describe: Callable[[int], str], beats: Heartbeats | None = None,
              *, silent_after_s: float | None = None) -> str | None:
     """What became of the peers, in one phrase naming the rank, or None when nothing is known:
-    a recorded failure first, then peers on this host whose process is gone (with the line it left,
-    if any) or stopped, then peers not heard of for `silent_after_s` seconds."""
+    a recorded failure first, then peers on this host whose process is stopped or ended without a
+    word, then the line a peer that ended left, then peers not heard of for `silent_after_s` s."""
     failure = beats.failure() if beats is not None else None
     if failure is None and bridge.rank == 0:
         failure = bridge.failure()  # the store is this process's own
@@ -162,17 +161,21 @@ def diagnose(bridge: Bridge, describe: Callable[[int], str], beats: Heartbeats |
         return cite(failure)
     others = [r for r in range(bridge.world_size) if r != bridge.rank]
     states = {r: process_state(**bridge.peers[r]) for r in others}
-    for r in others:
-        if states[r] == "gone":
-            said = beats.said(r) if beats is not None else None
-            if said:
-                return cite(said)
-            return (f"{describe(r)} is gone: its process (pid {bridge.peers[r]['pid']}) ended without a "
-                    f"message (killed?)")
-    for r in others:
+    for r in others:  # the root causes first: a stopped process, one that ended without a word
         if states[r] == "stopped":
             quiet = f", silent for {beats.silence(r):.0f} s" if beats is not None else ""
-            return f"{describe(r)} is not answering: its process (pid {bridge.peers[r]['pid']}) is stopped{quiet}"
+            pid = bridge.peers[r]["pid"]
+            return f"{describe(r)} is not answering: its process (pid {pid}) is stopped{quiet}"
+    said = {r: beats.said(r) if beats is not None else None for r in others if states[r] == "gone"}
+    for r in said:
+        if said[r] == "":
+            return (f"{describe(r)} is gone: its process (pid {bridge.peers[r]['pid']}) ended without a "
+                    f"message (killed?)")
+    for r in said:
+        if said[r]:
+            return cite(said[r])
+    for r in said:  # the store went with it: whatever it said is on its own line
+        return f"{describe(r)} is gone: its process (pid {bridge.peers[r]['pid']}) ended (its own line says why)"
     if beats is not None:
         limit = silent_after_s if silent_after_s is not None else 3 * beats.interval + 5
         silent = sorted(others, key=beats.silence, reverse=True)
