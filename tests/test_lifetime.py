@@ -114,6 +114,8 @@ def test_stopping_the_launcher_stops_every_rank_and_a_second_launch_is_refused(s
         ranks = first.ranks()
         assert sorted(ranks) == [0, 1, 2]
         launcher = psutil.Process(ranks[0].ppid())  # DeepSpeed's per-node launcher
+        runner = launcher.parent()  # the `deepspeed` command (train.sh runs it in a process group of its own)
+        assert "deepspeed" in " ".join(runner.cmdline()), runner.cmdline()
 
         # A second launch on the same output directory names the running one and exits with status 2.
         second = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(CONFIG), *setup["common"], *ALONE,
@@ -122,12 +124,12 @@ def test_stopping_the_launcher_stops_every_rank_and_a_second_launch_is_refused(s
         assert second.returncode == 2, second.stderr[-4000:]
         refusal = [line for line in second.stderr.splitlines() if "is in use by another launch" in line]
         assert len(refusal) == 1, second.stderr[-4000:]
-        assert f"pid {ranks[0].pid} on " in refusal[0] and f"launching command is pid {first.proc.pid}" in refusal[0]
+        assert f"pid {ranks[0].pid} on " in refusal[0] and f"launching command is pid {runner.pid}" in refusal[0]
         assert first.proc.poll() is None and steps_done(out) >= 2  # the first launch runs on
 
         # SIGTERM to the `deepspeed` command (what `timeout` or `kill` does): every rank stops within seconds.
-        os.kill(first.proc.pid, signal.SIGTERM)
-        took = wait_for(lambda: all(gone(p) for p in [*ranks.values(), launcher]), 60, "every rank stopped", first)
+        runner.send_signal(signal.SIGTERM)
+        took = wait_for(lambda: all(gone(p) for p in [*ranks.values(), launcher, runner]), 60, "every rank stopped", first)
         print(f"\nevery rank stopped {took:.1f} s after the launcher was sent SIGTERM")
         lines = first.stopped_lines()
         for r in ranks:
@@ -142,7 +144,7 @@ def test_stopping_the_launcher_stops_every_rank_and_a_second_launch_is_refused(s
         lock = OutputDirLock(out)
         previous = lock.acquire()
         lock.release()
-        assert previous["pid"] == ranks[0].pid and previous["launcher_pid"] == first.proc.pid
+        assert previous["pid"] == ranks[0].pid and previous["launcher_pid"] == runner.pid
     finally:
         first.cleanup()
 
