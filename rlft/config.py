@@ -177,6 +177,9 @@ class TopologyConfig:
     master_addr: str | None = None  # node 0 as every node reaches it (no_ssh: required)
     master_port: int | None = None  # rank 0's store; None = a free port (one node) or 29500 (several)
     node_rank: int | None = None  # no_ssh: this node's index, set on each node's command line
+    # Once training runs, the longest a rank waits on another (a collective, a silent heartbeat)
+    # before the launch stops, naming the silent rank.  Start-up (loading models) is not bounded by it.
+    collective_timeout_minutes: float = 10.0
 
     def world_size(self) -> int:
         """Ranks of one launch: every rank up to the highest one named."""
@@ -190,6 +193,9 @@ class OutputConfig:
     resume: str = "auto"  # auto | never | path to a checkpoint directory
     hostfile: str | None = None
     keep_checkpoints: int = 2  # newest complete checkpoints kept (0 = all)
+    # Resume only the policy's weights (the checkpoint's HF export), with a fresh optimizer: for a
+    # checkpoint written by another topology, whose DeepSpeed state cannot be loaded.
+    resume_weights_only: bool = False
 
 
 @dataclass
@@ -510,6 +516,8 @@ def validate(cfg: RunConfig) -> RunConfig:
              f"sft.train_size: must be >= 1 or null, got {sft.train_size}")
 
     check_topology(t)
+    _require(0 < t.collective_timeout_minutes < float("inf"),
+             f"topology.collective_timeout_minutes: must be a finite number > 0, got {t.collective_timeout_minutes}")
     dp = len(t.policy_ranks) // t.pipeline_stages
     per_replica = o.rollout_batch_size // dp if dp else 0
     _require(o.rollout_batch_size % dp == 0 and per_replica % o.train_micro_batch_size == 0,

@@ -46,6 +46,7 @@ GSM_SYMBOLIC_DEFAULT_SIZE = {"train": 2000, "test": 500}
 
 # Reasons a row is skipped (keys of LoadResult.skipped).
 SKIP_INVALID_JSON = "invalid_json"
+SKIP_NOT_UTF8 = "not_utf8"
 SKIP_NOT_AN_OBJECT = "not_an_object"
 SKIP_MISSING_FIELD = "missing_field"
 SKIP_NO_FINAL_ANSWER = "no_final_answer"
@@ -124,10 +125,19 @@ def _row_to_example(row: Any, source: str, index: int, skipped: Counter) -> Exam
 
 
 def _rows_from_jsonl(path: Path, skipped: Counter) -> Iterator[Any]:
-    """Yield parsed rows; an undecodable line is counted and yields a placeholder so row
-    positions stay aligned with the file's (non-blank) lines."""
-    with open(path, encoding="utf-8") as f:
-        for line in f:
+    """Yield parsed rows; an undecodable line (not UTF-8, or not JSON) is counted and yields a
+    placeholder so row positions stay aligned with the file's (non-blank) lines.  Lines that are
+    not UTF-8 are named (file, line, byte) in one warning."""
+    not_utf8: list[str] = []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                skipped[SKIP_NOT_UTF8] += 1
+                not_utf8.append(f"line {number} (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
+                yield _INVALID
+                continue
             if not line.strip():
                 continue
             try:
@@ -135,6 +145,9 @@ def _rows_from_jsonl(path: Path, skipped: Counter) -> Iterator[Any]:
             except json.JSONDecodeError:
                 skipped[SKIP_INVALID_JSON] += 1
                 yield _INVALID
+    if not_utf8:
+        shown = ", ".join(not_utf8[:5]) + (f" and {len(not_utf8) - 5} more" if len(not_utf8) > 5 else "")
+        logger.warning("%s: %d line(s) are not UTF-8 text and were skipped: %s", path, len(not_utf8), shown)
 
 
 _INVALID = object()  # marks a row already counted as skipped

@@ -138,6 +138,19 @@ def test_broken_rows_are_skipped_and_counted(tmp_path, caplog):
     assert "skipped 5 broken rows" in caplog.text
 
 
+def test_a_line_that_is_not_utf8_is_skipped_and_named(tmp_path, caplog):
+    good = json.dumps({"question": "What is 2+2?", "answer": "#### 4"}).encode()
+    bad = json.dumps({"question": "caf\u00e9?", "answer": "#### 5"}, ensure_ascii=False).encode("latin-1")
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b"\n".join([good, bad, good]) + b"\n")
+    with caplog.at_level(logging.WARNING, logger="rlft.data"):
+        result = load_gsm8k(str(path), "train")
+    assert [e.index for e in result.examples] == [0, 2]
+    assert result.skipped == {"not_utf8": 1}
+    named = [r.getMessage() for r in caplog.records if "not UTF-8" in r.getMessage()]
+    assert len(named) == 1 and str(path) in named[0] and "line 2 (byte 0xe9 at column 18)" in named[0], named
+
+
 def test_parquet_file_and_directory_layouts(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq

@@ -53,13 +53,13 @@ def test_a_rank_started_off_its_place_is_refused():
 
 WATCHED = textwrap.dedent("""
     import os, sys, time
-    from rlft.runtime.watchdog import watch_launcher
+    from rlft.runtime.watchdog import Watchdog
 
     def on_stop(cause, code):
         print("stopped:", cause, flush=True)
         os._exit(code)
 
-    watch_launcher(on_stop, poll_s=0.2)
+    Watchdog(on_stop)
     print("watching", os.getpid(), flush=True)
     time.sleep(120)
 """)
@@ -76,18 +76,20 @@ def test_a_stop_signal_is_named():
 
 def test_a_rank_whose_launcher_dies_stops():
     # launcher -> rank; the launcher is killed outright (SIGKILL), as no handler of its own could run.
+    # Its command line names DeepSpeed's per-node launcher, the parent a rank watches.
     launcher = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import subprocess, sys, time
         subprocess.Popen([sys.executable, "-c", {WATCHED!r}])
         time.sleep(120)
-    """)], stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    """), "deepspeed.launcher.launch"], stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     first = launcher.stdout.readline()
     assert first.startswith("watching"), first
     rank_pid = int(first.split()[1])
     launcher.kill()
     launcher.wait(timeout=30)
     rest = launcher.stdout.readline()  # the rank still writes to the pipe the launcher left it
-    assert rest.strip() == f"stopped: its launcher (pid {launcher.pid}) exited"
+    assert rest.strip() == (f"stopped: its launcher is gone: DeepSpeed's launcher (pid {launcher.pid}) ended, "
+                            "so nothing else would stop this rank")
     deadline = time.time() + 30
     while time.time() < deadline:
         try:

@@ -397,3 +397,31 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_run, t
     # No checkpoint of a skipped step, no model/.
     assert sorted(p.name for p in (out / "checkpoints").iterdir())[-1] == f"step_{stop - 2:06d}"
     assert not (out / "model").exists()
+
+
+def test_resume_with_another_topology_is_explained_and_can_take_the_weights_only(tiny_run, tmp_path):
+    import shutil
+
+    # The 2-stage run's newest checkpoint (step 4), resumed by one process holding a 1-stage policy.
+    out = tmp_path / "out"
+    shutil.copytree(tiny_run["out"] / "checkpoints" / "step_000004", out / "checkpoints" / "step_000004")
+    alone = ("topology.policy_ranks=[0]", "topology.pipeline_stages=1", "topology.sampler_rank=0",
+             "topology.reference_rank=0", "topology.evaluator_rank=0")
+    common = (*tiny_run["common"][:2], f"output.dir={out}", *tiny_run["common"][3:], *alone, "schedule.steps=5")
+    refused = launch(*common)
+    assert refused.returncode == 2, refused.stderr[-4000:]
+    assert "was written by a policy of 2 pipeline stages x 1 replica, this launch has 1 pipeline stage" \
+        in refused.stderr and "output.resume_weights_only=true" in refused.stderr
+    assert "ZeRO" not in refused.stderr and "Traceback" not in refused.stderr
+
+    res = launch(*common, "output.resume_weights_only=true")
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "resuming the weights only (a fresh optimizer)" in res.stderr
+    step = read_steps(out)[-1]
+    assert step["step"] == 5
+    # The data position survived; the policy started from the checkpoint, not the reference model.
+    from rlft.data import PromptSampler
+
+    expected = PromptSampler(8, 2, seed=0)
+    assert step["prompt_indices"] == [expected.next_batch() for _ in range(5)][-1]
+    assert step["kl"] > 0

@@ -10,12 +10,19 @@ never join it.  All ranks instead share the bridge, built on a TCPStore of its o
 The groups are used through their own methods (`pg.broadcast`, `pg.send`), because the
 `torch.distributed.*(group=...)` helpers only know registered groups.  With one rank (a single
 process hosting every role) every operation is a local no-op.
+
+Waits are bounded: during start-up (loading models) by `timeout_s`, and from `bound_waits()` on (the
+training loop) by `collective_timeout_s`, after which the operation raises.  Every rank also
+records its host and process in the store (`peers`), and keeps a heartbeat counter there, so that
+the survivors of a failure can name the rank that vanished or went silent (rlft.runtime.watchdog).
 """
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import pickle
+import socket
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -23,24 +30,58 @@ import torch.distributed as dist
 
 DEFAULT_TIMEOUT_S = 1800.0
 _GATHER_TAG = 7
+FAILURE_KEY = "rlft/failure"
+
+
+def peer_key(rank: int) -> str:
+    return f"rlft/peer/{rank}"
+
+
+def beat_key(rank: int) -> str:
+    return f"rlft/beat/{rank}"
+
+
+def said_key(rank: int) -> str:
+    """Where a rank leaves the line it printed when it stopped or failed."""
+    return f"rlft/said/{rank}"
+
+
+def this_process() -> dict:
+    """Where this rank runs: host, pid and the process's start time (which tells a reused pid)."""
+    import psutil
+
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()}
 
 
 class Bridge:
     def __init__(self, rank: int, world_size: int, *, master_addr: str, master_port: int,
-                 use_nccl: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S):
+                 use_nccl: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 collective_timeout_s: float | None = None):
         self.rank, self.world_size = rank, world_size
+        self.master_addr, self.master_port = master_addr, master_port
         self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.collective_timeout = datetime.timedelta(seconds=collective_timeout_s or timeout_s)
+        self.op_timeout = self.timeout  # the start-up bound until bound_waits()
         self.store = dist.TCPStore(master_addr, master_port, world_size, is_master=(rank == 0),
                                    timeout=self.timeout, wait_for_workers=True)
+        self.store.set(peer_key(rank), json.dumps(this_process()))
+        self.store.add(beat_key(rank), 0)
         self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("bridge/gloo", self.store), rank, world_size,
                                           self.timeout)
+        # Every rank wrote its record before joining the group above, so all of them are there now.
+        self.peers: list[dict] = [json.loads(v) for v in self.store.multi_get([peer_key(r) for r in range(world_size)])]
         self.nccl = None
         if use_nccl and world_size > 1:
             nccl_opts = dist.ProcessGroupNCCL.Options()
-            nccl_opts._timeout = self.timeout
+            nccl_opts._timeout = self.collective_timeout  # its first use is a weight sync, after start-up
             self.nccl = dist.ProcessGroupNCCL(dist.PrefixStore("bridge/nccl", self.store), rank, world_size,
                                               nccl_opts)
         self._tag = 0
+
+    def bound_waits(self) -> None:
+        """From now on no operation waits longer than `collective_timeout_s` for another rank."""
+        self.op_timeout = self.collective_timeout
+        self.store.set_timeout(self.collective_timeout)
 
     # ------------------------------------------------------------ objects (gloo)
 
@@ -63,6 +104,7 @@ class Bridge:
     def _bcast(self, t: torch.Tensor, src: int) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank = src
+        opts.timeout = self.op_timeout
         self.gloo.broadcast([t], opts).wait()
 
     def gather_objects(self, obj: Any, dst: int = 0) -> list[Any] | None:
@@ -85,6 +127,7 @@ class Bridge:
         t = torch.tensor([float(value)])
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MAX
+        opts.timeout = self.op_timeout
         self.gloo.allreduce([t], opts).wait()
         return float(t.item())
 
@@ -96,7 +139,7 @@ class Bridge:
             t = t.detach().contiguous()
             meta = (name, tuple(t.shape), str(t.dtype).replace("torch.", ""), t.device.type)
             self._send_obj(meta, dst, tag)
-            self._pg_for(t).send([t], dst, tag).wait()
+            self._wait(self._pg_for(t).send([t], dst, tag), t)
         self._send_obj(None, dst, tag)
 
     def recv_named_tensors(self, src: int, tag: int, device: torch.device | str = "cpu"
@@ -109,8 +152,16 @@ class Bridge:
             name, shape, dtype, kind = meta
             dev = torch.device(device) if kind == "cuda" else torch.device("cpu")
             t = torch.empty(shape, dtype=getattr(torch, dtype), device=dev)
-            self._pg_for(t).recv([t], src, tag).wait()
+            self._wait(self._pg_for(t).recv([t], src, tag), t)
             yield name, t
+
+    def _wait(self, work, t: torch.Tensor | None = None) -> None:
+        """Point-to-point work bounded like the collectives; NCCL work (GPU tensors) keeps its group's
+        own timeout, since a bounded wait there would also block this thread on the GPU."""
+        if t is not None and t.is_cuda:
+            work.wait()
+        else:
+            work.wait(self.op_timeout)
 
     def _pg_for(self, t: torch.Tensor):
         if t.is_cuda:
@@ -121,14 +172,14 @@ class Bridge:
 
     def _send_obj(self, obj: Any, dst: int, tag: int) -> None:
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-        self.gloo.send([torch.tensor([data.numel()], dtype=torch.long)], dst, tag).wait()
-        self.gloo.send([data], dst, tag).wait()
+        self._wait(self.gloo.send([torch.tensor([data.numel()], dtype=torch.long)], dst, tag))
+        self._wait(self.gloo.send([data], dst, tag))
 
     def _recv_obj(self, src: int, tag: int) -> Any:
         n = torch.zeros(1, dtype=torch.long)
-        self.gloo.recv([n], src, tag).wait()
+        self._wait(self.gloo.recv([n], src, tag))
         data = torch.empty(int(n.item()), dtype=torch.uint8)
-        self.gloo.recv([data], src, tag).wait()
+        self._wait(self.gloo.recv([data], src, tag))
         return pickle.loads(data.numpy().tobytes())
 
     # ------------------------------------------------------------ failure reporting
@@ -136,14 +187,14 @@ class Bridge:
     def report_failure(self, message: str) -> None:
         """Record the first failure in the store so that other ranks can name it."""
         try:
-            self.store.compare_set("rlft/failure", "", message)
+            self.store.compare_set(FAILURE_KEY, "", message)
         except Exception:  # the store's host may already be gone
             pass
 
     def failure(self) -> str | None:
         try:
-            if self.store.check(["rlft/failure"]):
-                return self.store.get("rlft/failure").decode()
+            if self.store.check([FAILURE_KEY]):
+                return self.store.get(FAILURE_KEY).decode()
         except Exception:
             pass
         return None

@@ -6,6 +6,7 @@ import torch
 from rlft.config import ConfigError, RunConfig
 from rlft.objectives import Objective
 from rlft.runtime.bridge import init_policy_world
+from rlft.runtime.checkpoint import resume_point
 from rlft.runtime.context import RankContext
 
 
@@ -39,12 +40,15 @@ def agree_on_config_error(ctx: RankContext, error: str | None) -> None:
 
 def _build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, rollouts: bool) -> None:
     cfg, roles = ctx.cfg, ctx.roles
+    resumed, weights_only = resume_point(cfg)  # every rank: a checkpoint of another layout stops them all here
     if roles.policy:
         from rlft.roles.policy import PolicyTrainer
 
         backend = "nccl" if ctx.device.type == "cuda" else "gloo"
-        init_policy_world(ctx.bridge, roles.policy_index, len(cfg.topology.policy_ranks), backend)
-        ctx.policy = PolicyTrainer(cfg, roles, ctx.model_path, ctx.device, bf16=ctx.policy_dtype == torch.bfloat16,
+        init_policy_world(ctx.bridge, roles.policy_index, len(cfg.topology.policy_ranks), backend,
+                          timeout_s=60 * cfg.topology.collective_timeout_minutes)
+        start = str(resumed / "hf") if weights_only else ctx.model_path  # the checkpoint's HF export
+        ctx.policy = PolicyTrainer(cfg, roles, start, ctx.device, bf16=ctx.policy_dtype == torch.bfloat16,
                                    objective=objective, batch_size=batch_size)
     if roles.reference and objective.needs_reference:
         from rlft.roles.reference import ReferenceModel

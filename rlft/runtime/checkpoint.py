@@ -4,7 +4,7 @@
         deepspeed/              DeepSpeed's files (every policy rank: its stage's weights + optimizer)
         hf/                     the policy as an HF model directory (one safetensors shard per stage)
         rng/rank_<r>.pt         every rank's RNG state
-        trainer_state.json      step, data position; written last
+        trainer_state.json      step, data position, the policy's layout; written last
     OUT/model/                  the final HF model (written when training completes)
 
 A checkpoint is written into `.step_000010.tmp/` and renamed to `step_000010/` only after every rank
@@ -13,6 +13,7 @@ has finished writing, so a crash mid-save never leaves a directory that looks co
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -30,6 +31,10 @@ from rlft.models import load_hf_config
 
 if TYPE_CHECKING:
     from rlft.runtime.context import RankContext
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written; the message names it and the cause."""
+
 
 STATE_FILE = CHECKPOINT_STATE_FILE
 FINAL_STATE_FILE = "rlft_state.json"
@@ -81,6 +86,17 @@ def publish(tmp: Path, final: Path) -> None:
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
+
+
+def remove_partial_writes(out_dir: str | Path) -> list[Path]:
+    """Remove what an interrupted save left half-written (temporary checkpoint and model
+    directories); returns them.  Only the launch that holds the output directory calls it."""
+    root = checkpoint_root(out_dir)
+    found = sorted(root.glob(".step_*.tmp")) if root.is_dir() else []
+    found += [p for p in (Path(out_dir) / ".model.tmp",) if p.exists()]
+    for p in found:
+        shutil.rmtree(p, ignore_errors=True)
+    return found
 
 
 def prune(out_dir: str | Path, keep: int) -> None:
@@ -185,7 +201,44 @@ def has_weights(model_dir: str | Path) -> bool:
 
 
 def save_checkpoint(ctx: RankContext, step: int, *, final: bool = False) -> None:
-    """Every rank writes its part into a temporary directory; rank 0 publishes it."""
+    """Every rank writes its part into a temporary directory; rank 0 publishes it.  A write that
+    fails (a full disk, ...) removes the temporary directories and raises CheckpointError, whose
+    one line names the checkpoint and the cause."""
+    out = ctx.cfg.output.dir
+    try:
+        _save_checkpoint(ctx, step, final=final)
+    except (OSError, RuntimeError) as e:
+        cause = write_failure(e, checkpoint_root(out))  # before the removal frees the space
+        for partial in (tmp_step_dir(out, step), Path(out) / ".model.tmp"):
+            shutil.rmtree(partial, ignore_errors=True)
+        if cause is None:  # not a write that failed (a lost peer, ...): as it came
+            raise
+        raise CheckpointError(f"could not save checkpoint {step_dir(out, step)}: {cause} "
+                              f"(its temporary directory was removed)") from e
+
+
+def write_failure(e: BaseException, where: Path) -> str | None:
+    """Why a write failed, in words (a full disk named as such), or None when `e` is no write error.
+    torch.save reports a full disk as `[enforce fail at inline_container.cc] ... file write failed`,
+    without the errno: a disk left with almost no free space is taken as the cause."""
+    text = str(e)
+    torch_write = any(s in text for s in ("PytorchStreamWriter", "inline_container", "write failed"))
+    if isinstance(e, (ConnectionError, TimeoutError)) or not (isinstance(e, OSError) or torch_write):
+        return None
+    try:
+        probe = next(p for p in (where, *where.parents) if p.exists())
+        free = shutil.disk_usage(probe).free
+    except (OSError, StopIteration):
+        probe, free = where, None
+    if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or (free is not None and free < 64 << 20):
+        left = f"{free / 2**20:.1f} MiB free on the disk holding {probe}" if free is not None else str(probe)
+        return f"no space left on the device ({left})"
+    if isinstance(e, OSError):
+        return f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+    return text.strip().splitlines()[-1]
+
+
+def _save_checkpoint(ctx: RankContext, step: int, *, final: bool) -> None:
     cfg, roles, bridge = ctx.cfg, ctx.roles, ctx.bridge
     tmp, dst = tmp_step_dir(cfg.output.dir, step), step_dir(cfg.output.dir, step)
     if roles.rank == 0:
@@ -214,7 +267,7 @@ def save_checkpoint(ctx: RankContext, step: int, *, final: bool = False) -> None
         hf_config = ctx.policy.hf_config if ctx.policy is not None else load_hf_config(ctx.model_path)
         write_hf_index(tmp / "hf", names, hf_config, ctx.tokenizer, ctx.policy_dtype)
         write_json_atomic(tmp / STATE_FILE, {"step": step, "prompt_sampler": data_state,
-                                             "total_steps": cfg.schedule.steps})
+                                             "total_steps": cfg.schedule.steps, "layout": policy_layout(cfg)})
         publish(tmp, dst)
         prune(cfg.output.dir, cfg.output.keep_checkpoints)
         if final:
@@ -225,21 +278,67 @@ def save_checkpoint(ctx: RankContext, step: int, *, final: bool = False) -> None
 
 def resume_checkpoint(ctx: RankContext) -> int:
     """Restore from the configured checkpoint (`output.resume`); returns the step to continue after
-    (0 = fresh)."""
+    (0 = fresh).  With only the weights resumed (`resume_point`) the policy was built from the
+    checkpoint's HF export: its optimizer and every rank's RNG start afresh, the data position is kept."""
     cfg, roles = ctx.cfg, ctx.roles
-    if cfg.output.resume == "never":
-        return 0
-    path = latest_checkpoint(cfg.output.dir) if cfg.output.resume == "auto" else Path(cfg.output.resume)
+    path, weights_only = resume_point(cfg)
     if path is None:
         return 0
-    if not (path / STATE_FILE).is_file():
-        raise ConfigError(f"output.resume: {path} is not a complete rlft checkpoint (no {STATE_FILE})")
     state = read_state(path)
-    if ctx.policy is not None:
+    if ctx.policy is not None and not weights_only:
         ctx.policy.load(str(path))
     if ctx.data is not None and state.get("prompt_sampler"):
         ctx.data.load_state_dict(state["prompt_sampler"])
-    load_rng(path / "rng" / f"rank_{roles.rank}.pt")
+    if not weights_only:
+        load_rng(path / "rng" / f"rank_{roles.rank}.pt")
     if roles.rank == 0:
-        log.info("resuming from %s (step %d)", path, state["step"])
+        log.info("resuming %sfrom %s (step %d)", "the weights only (a fresh optimizer) " if weights_only else "",
+                 path, state["step"])
     return int(state["step"])
+
+
+def resume_point(cfg) -> tuple[Path | None, bool]:
+    """The checkpoint `output.resume` names (None: a fresh start) and whether only its policy
+    weights are resumed: on request (`output.resume_weights_only`).  A checkpoint written by another
+    policy layout, whose DeepSpeed state this launch cannot load, is refused with a ConfigError
+    saying so, unless only its weights are asked for."""
+    if cfg.output.resume == "never":
+        return None, False
+    path = latest_checkpoint(cfg.output.dir) if cfg.output.resume == "auto" else Path(cfg.output.resume)
+    if path is None:
+        return None, False
+    if not (path / STATE_FILE).is_file():
+        raise ConfigError(f"output.resume: {path} is not a complete rlft checkpoint (no {STATE_FILE})")
+    if cfg.output.resume_weights_only:
+        return path, True
+    saved, now = saved_layout(path), policy_layout(cfg)
+    if saved is not None and saved != now:
+        raise ConfigError(
+            f"output.resume: {path} was written by a policy of {_layout_words(saved)}, this launch has "
+            f"{_layout_words(now)}; DeepSpeed's state (optimizer partitions, stage files) cannot move between "
+            f"layouts. Set output.resume_weights_only=true to continue from its weights with a fresh optimizer, "
+            f"or launch with its topology")
+    return path, False
+
+
+def policy_layout(cfg) -> dict:
+    """What a checkpoint's DeepSpeed state depends on: pipeline stages and data-parallel replicas."""
+    t = cfg.topology
+    return {"pipeline_stages": t.pipeline_stages, "replicas": len(t.policy_ranks) // t.pipeline_stages}
+
+
+def saved_layout(ckpt: Path) -> dict | None:
+    """The policy layout that wrote `ckpt`: recorded in its state, or read from DeepSpeed's file
+    names (mp_rank_SS_model_states.pt per stage, zero_pp_rank_R_mp_rank_SS_optim_states.pt per replica)."""
+    recorded = read_state(ckpt).get("layout")
+    if recorded:
+        return recorded
+    ds = ckpt / "deepspeed"
+    stages = len(list(ds.glob("mp_rank_*_model_states.pt")))
+    replicas = len(list(ds.glob("zero_pp_rank_*_mp_rank_00_optim_states.pt")))
+    return {"pipeline_stages": stages, "replicas": replicas} if stages and replicas else None
+
+
+def _layout_words(layout: dict) -> str:
+    s, r = layout["pipeline_stages"], layout["replicas"]
+    return f"{s} pipeline stage{'s' * (s != 1)} x {r} replica{'s' * (r != 1)}"

@@ -90,6 +90,7 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
                disable=roles.rank != 0 or not sys.stderr.isatty() and os.environ.get("RLFT_PROGRESS") != "1")
     clock = StepClock(cfg.schedule.time_limit_minutes)
     nonfinite_run = 0
+    bridge.bound_waits()  # start-up is over: a rank silent for topology.collective_timeout_minutes stops the launch
     step = start
     for step in range(start + 1, total + 1):
         out_of_time = bridge.broadcast_object(roles.rank == 0 and clock.next_step_overruns(), src=0)

@@ -1,25 +1,49 @@
 """A rank's life around its work, for both trainers: the command line, start (roles, device,
-bridge), and one exit path for success and failure that brings the whole launch down promptly."""
+bridge, the output directory's lock), and one exit path for success, failure and being stopped (a
+signal, a launcher that is gone, a peer that vanished or went silent: rlft.runtime.watchdog) that
+brings the whole launch down promptly, with one line saying which rank stops and why."""
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import os
 import sys
+import threading
+import time
 import traceback
-from typing import Callable
+from pathlib import Path
+from typing import Callable, NoReturn
 
 from rlft.common import free_port, log
 from rlft.config import ConfigError, RunConfig
 from rlft.runtime.bridge import Bridge
+from rlft.runtime.checkpoint import CheckpointError, checkpoint_root, remove_partial_writes
 from rlft.runtime.context import RankContext, choose_device
 from rlft.runtime.launcher_env import adopt_launcher_env, check_placement
+from rlft.runtime.outdir_lock import OutputDirInUse, OutputDirLock, describe_holder
 from rlft.runtime.reporting import setup_logging
-from rlft.runtime.watchdog import watch_launcher
+from rlft.runtime.watchdog import Watchdog, launcher_processes, process_state
 from rlft.topology import RankRoles, roles_for_rank
 
-# How a collective fails on the survivors when another rank died (the launcher then stops them all).
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
+# How a collective fails on the survivors when another rank died (the launcher then stops them all),
+# or when one did not answer within the wait bound (topology.collective_timeout_minutes).
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
+              "failed to recv, got 0 bytes")
+_TIMED_OUT = ("Timed out waiting", "Application timeout caused pair closure", "collective operation timeout",
+              "wait timeout after")
+
+
+class _Life:
+    """What this process's exit paths share: set up by run_rank, used by whichever path ends it."""
+
+    roles: RankRoles | None = None
+    ctx: RankContext | None = None
+    watchdog: Watchdog | None = None
+    lock: OutputDirLock | None = None
+    leaving = threading.Lock()  # the first exit path takes it; any other waits for the exit
+
+
+_life = _Life()
 
 
 def parse_run_args(prog: str, description: str, argv: list[str] | None, *, config_help: str,
@@ -49,62 +73,146 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
         raise SystemExit(2)
     roles = roles_for_rank(cfg.topology, rank)
     setup_logging(rank, role_label(roles) if role_label else "+".join(n.split("[")[0] for n in roles.names()))
+    _life.roles = roles
+    _life.watchdog = Watchdog(stop=lambda reason, code: stop(f"stopping: {reason}", code))
     try:
         log.info("%s on %s", roles.describe(), check_placement(cfg.topology, rank, int(os.environ["LOCAL_RANK"])))
         restrict_gpu_for_vllm(cfg, roles)
         device = choose_device(cfg)
         port = int(os.environ.get("MASTER_PORT", "0")) or free_port()
         bridge = Bridge(rank, world, master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), master_port=port,
-                        use_nccl=device.type == "cuda")
+                        use_nccl=device.type == "cuda",
+                        collective_timeout_s=60 * cfg.topology.collective_timeout_minutes)
     except ConfigError as e:
         print(f"rlft: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    ctx = RankContext(cfg=cfg, roles=roles, bridge=bridge, device=device)
-    watch_launcher(lambda cause, code: stopped(ctx, cause, code), who=roles.describe())
+    ctx = _life.ctx = RankContext(cfg=cfg, roles=roles, bridge=bridge, device=device)
+    _life.watchdog.watch_peers(bridge, lambda r: roles_for_rank(cfg.topology, r).describe())
     try:
+        hold_output_dir(ctx)
         run_fn(ctx)
     except ConfigError as e:
         fail(ctx, f"config error: {e}", exit_code=2)
+    except CheckpointError as e:  # its message is the whole story: no traceback
+        fail(ctx, f"{type(e).__name__}: {e}", exit_code=1)
     except BaseException as e:  # noqa: BLE001 - any failure must take the whole launch down promptly
         fail(ctx, f"{type(e).__name__}: {e}", exit_code=1, trace=True)
     exit_rank(ctx.exit_code, ctx)
 
 
-def fail(ctx: RankContext, message: str, exit_code: int, trace: bool = False) -> None:
+def hold_output_dir(ctx: RankContext) -> None:
+    """Rank 0 locks OUT for the launch's life (rlft.runtime.outdir_lock), taking over a stale lock
+    and removing what an interrupted save left behind.  When a running launch holds it, rank 0
+    names that launch and every rank exits with status 2."""
+    refusal = None
+    if ctx.roles.rank == 0:
+        out, lock = ctx.cfg.output.dir, OutputDirLock(ctx.cfg.output.dir)
+        launcher = launcher_processes()
+        try:
+            previous = lock.acquire(launcher_pid=launcher[-1][0] if launcher else None)
+        except OutputDirInUse as e:
+            refusal = str(e)
+            print(f"rlft: {refusal}", file=sys.stderr, flush=True)
+        else:
+            _life.lock = lock
+            if previous:
+                log.info("output.dir %s: took over the lock of a launch that is gone (%s)", out,
+                         describe_holder(previous))
+            for path in remove_partial_writes(out):
+                log.info("removed %s, left half-written by an interrupted launch", path)
+    if ctx.bridge.broadcast_object(refusal, src=0):
+        exit_rank(2, ctx, graceful=False)
+
+
+def fail(ctx: RankContext, message: str, exit_code: int, trace: bool = False) -> NoReturn:
     """Name the rank and the cause, then exit at once: the launcher then stops every other rank.
 
     The first rank to fail records its message on the bridge; ranks that fail because of it (a
-    peer vanished mid-collective) say so in one line instead of repeating a transport error."""
-    who = ctx.roles.describe()
-    text = f"rlft: {who} failed: {message}"
-    if any(sign in message for sign in _PEER_GONE):
-        # A peer vanished mid-collective: the launcher is already stopping everyone, and the rank
-        # that failed first has said why (the store that would name it may be gone already).
-        print(f"rlft: {who} stopping: lost contact with another rank (its own 'failed' line names the cause)",
-              file=sys.stderr, flush=True)
-        exit_rank(exit_code, ctx, graceful=False)
+    peer vanished or went silent mid-collective) say which peer and what became of it instead of
+    repeating a transport error."""
+    if any(sign in message for sign in _PEER_GONE + _TIMED_OUT):
+        stop(lost_contact(ctx, message), exit_code)
+    text = f"rlft: {ctx.roles.describe()} failed: {message}"
     ctx.bridge.report_failure(text)
     first = ctx.bridge.failure()
     if first is None or first == text:
-        if trace:
-            traceback.print_exc()
-        print(text, file=sys.stderr, flush=True)
-    else:
-        print(f"rlft: {who} stopping, because {first.removeprefix('rlft: ')}", file=sys.stderr, flush=True)
-    exit_rank(exit_code, ctx, graceful=False)
+        stop(f"failed: {message}", exit_code, trace=trace)
+    stop(f"stopping, because {first.removeprefix('rlft: ')}", exit_code)
 
 
-def stopped(ctx: RankContext, cause: str, exit_code: int) -> None:
-    """Stopped from outside (a stop signal, the launcher gone): one line naming the rank and the
-    cause, then exit at once.  Not recorded as the launch's failure: the launcher also sends the
-    signal to every rank when another one failed, and that rank's own line names the cause."""
-    print(f"rlft: {ctx.roles.describe()} stopping: {cause}", file=sys.stderr, flush=True)
-    exit_rank(exit_code, ctx, graceful=False)
+def lost_contact(ctx: RankContext, message: str) -> str:
+    """Why this rank stops after a collective failed for want of a peer: the peer and its fate
+    (a recorded failure, a process gone or stopped, a silent heartbeat) when known."""
+    gone = _life.watchdog.launcher_gone() if _life.watchdog is not None else None
+    if gone:
+        return f"stopping: {gone}"
+    why = _life.watchdog.diagnose() if _life.watchdog is not None else None
+    if why:
+        return f"stopping: lost contact with another rank: {why}"
+    if any(sign in message for sign in _TIMED_OUT):
+        minutes = ctx.cfg.topology.collective_timeout_minutes
+        return (f"stopping: another rank did not answer within topology.collective_timeout_minutes ({minutes:g}) "
+                f"although every rank is alive: a phase took longer than that (raise it) or a rank is stuck "
+                f"({message.splitlines()[0][:200]})")
+    # The launcher is already stopping everyone; the rank that failed first says why.
+    return "stopping: lost contact with another rank (its own 'failed' line names the cause)"
 
 
-def exit_rank(code: int, ctx: RankContext | None, *, graceful: bool = True) -> None:
-    """Stop this rank's helpers (engine processes, grading workers) and leave without interpreter
-    teardown, which DeepSpeed's groups and engine threads can hang."""
+def stop(what: str, code: int, *, trace: bool = False) -> NoReturn:
+    """`rlft: <this rank> <what>` on stderr, once, then exit: the first of this process's exit
+    paths (failure, signal, lost launcher, silent peer) to get here speaks; the others wait for the
+    exit.  Rank 0 then removes what an interrupted save left half-written."""
+    _take_the_exit()
+    if trace:
+        traceback.print_exc()
+    who = _life.roles.describe() if _life.roles is not None else f"rank {os.environ.get('RANK', '?')}"
+    line = f"rlft: {who} {what}"
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001 - stderr busy or gone: leave anyway
+        pass
+    if _life.watchdog is not None:
+        _life.watchdog.record(line)  # for the ranks that lose contact with this one
+    _remove_partial_writes()
+    _leave(code, _life.ctx, graceful=False)
+
+
+def exit_rank(code: int, ctx: RankContext | None, *, graceful: bool = True) -> NoReturn:
+    """Leave: stop this rank's helpers (engine processes, grading workers), release the output
+    directory after a successful run, and exit without interpreter teardown, which DeepSpeed's
+    groups and engine threads can hang."""
+    _take_the_exit()
+    if code == 0 and _life.lock is not None:
+        _life.lock.release()
+    _leave(code, ctx, graceful=graceful)
+
+
+def _take_the_exit() -> None:
+    if not _life.leaving.acquire(blocking=False):
+        while True:  # another thread of this process is leaving: it ends the process
+            time.sleep(60)
+
+
+def _remove_partial_writes() -> None:
+    """On rank 0 (the lock's holder), once the other ranks on this host have stopped writing
+    (at most a few seconds), remove temporary checkpoint directories of a save cut short."""
+    ctx = _life.ctx
+    if ctx is None or _life.lock is None or not _life.lock.held:
+        return
+    out = Path(ctx.cfg.output.dir)
+    if not any(checkpoint_root(out).glob(".step_*.tmp")) and not (out / ".model.tmp").exists():
+        return
+    others = [p for r, p in enumerate(ctx.bridge.peers) if r != ctx.roles.rank]
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(process_state(**p) not in (None, "gone") for p in others):
+        time.sleep(0.2)
+    try:
+        remove_partial_writes(out)
+    except OSError:
+        pass
+
+
+def _leave(code: int, ctx: RankContext | None, *, graceful: bool) -> NoReturn:
     if ctx is not None and graceful:
         for engine in ctx.engines():
             try:
@@ -118,9 +226,11 @@ def exit_rank(code: int, ctx: RankContext | None, *, graceful: bool = True) -> N
             child.kill()
     except Exception:  # noqa: BLE001
         pass
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 def hosts_vllm_engine(cfg: RunConfig, roles: RankRoles) -> bool:

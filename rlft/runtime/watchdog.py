@@ -1,72 +1,299 @@
-"""Stop a rank promptly, naming the cause, when its launcher stops it or disappears.
+"""What keeps a rank from outliving its launch, or waiting forever on a peer that went silent.
 
-A stop signal (SIGTERM, SIGINT, SIGHUP: the launcher tearing the node down, a scheduler, Ctrl-C)
-often arrives while the main thread waits inside a collective, where a Python signal handler would
-not run until the wait ends.  The signal is therefore also written to a pipe (`signal.set_wakeup_fd`)
-that a watcher thread reads.  The same thread notices when the rank's parent, the launcher that
-started it, has died (it would otherwise never be told to stop).  Either way `on_stop(cause, code)`
-runs once; if it has not ended the process after `grace_s`, the process ends anyway.
+One daemon thread per rank (`Watchdog`) stops the rank, through the `stop(reason, exit_code)` it is
+given, when
+
+* the launcher is gone: a rank started by DeepSpeed's per-node launcher watches that launcher and
+  the `deepspeed` command above it; when either ends (even by SIGKILL), nothing is left to stop the
+  ranks, so they stop themselves;
+* a signal arrives (SIGTERM, SIGINT, SIGHUP unless ignored): handled by this thread through a
+  wakeup pipe, so a main thread blocked in a collective does not delay it;
+* a peer goes silent: every rank bumps a heartbeat counter in the bridge's store; a peer whose
+  counter has not moved for longer than the bridge's wait bound is named (and one whose process on
+  this host is stopped or gone is said to be).
+
+`diagnose` says, for any rank that stops because it lost a peer, which peer and what became of it.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import select
 import signal
-import sys
+import socket
 import threading
+import time
 from typing import Callable
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+from rlft.runtime.bridge import FAILURE_KEY, Bridge, beat_key, said_key
+
+POLL_S = 1.0  # how often the launcher is checked
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_LAUNCH_MODULE = "deepspeed.launcher.launch"  # DeepSpeed's per-node launcher, every rank's parent
 
 
-def watch_launcher(on_stop: Callable[[str, int], None], *, who: str = "rank", poll_s: float = 1.0,
-                   grace_s: float = 20.0) -> None:
-    """Call from the main thread.  `on_stop(cause, exit_code)` is expected to end the process;
-    `who` names this rank in the line printed if it does not."""
-    parent = os.getppid()
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-    fired = threading.Lock()
+def launcher_processes() -> list[tuple[int, float, str]]:
+    """(pid, start time, what) of the processes whose end must end this rank: DeepSpeed's per-node
+    launcher (the parent) and the `deepspeed` command that started it.  None for a rank started
+    some other way (by hand, a test), whose parent may legitimately go away (nohup)."""
+    import psutil
 
-    def stop(cause: str, code: int) -> None:
-        if not fired.acquire(blocking=False):
-            return
-        deadline = threading.Timer(grace_s, _exit_now, (who, cause, code))
-        deadline.daemon = True
-        deadline.start()
-        on_stop(cause, code)
+    try:
+        parent = psutil.Process().parent()
+        if parent is None or _LAUNCH_MODULE not in " ".join(parent.cmdline()):
+            return []
+        found = [(parent.pid, parent.create_time(), f"DeepSpeed's launcher (pid {parent.pid})")]
+        runner = parent.parent()
+        if runner is not None and runner.pid > 1:
+            found.append((runner.pid, runner.create_time(), f"the launching command (pid {runner.pid})"))
+        return found
+    except psutil.Error:
+        return []
 
-    def handler(signum, _frame) -> None:  # runs when the main thread gets control
-        stop(f"received {signal.Signals(signum).name}", 128 + signum)
 
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+def process_state(host: str, pid: int, started: float) -> str | None:
+    """'gone', 'stopped' or 'running' for a process on this host; None for one on another host."""
+    import psutil
 
-    def forget_in_child() -> None:
-        """A forked child (an engine's or grader's worker) is not the rank: its signals must neither
-        reach the rank's pipe nor run the rank's stop."""
+    if host != socket.gethostname():
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - started) > 1.0:  # the pid now belongs to someone else
+            return "gone"
+        status = proc.status()
+    except psutil.Error:
+        return "gone"
+    if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+        return "gone"
+    if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+        return "stopped"
+    return "running"
+
+
+class Heartbeats:
+    """This rank's heartbeat in the bridge's store, and when each peer's last moved (local clock).
+
+    Uses its own connection to the store, with a short timeout, so it never queues behind (or
+    blocks) the main thread's store operations."""
+
+    def __init__(self, bridge: Bridge):
+        import torch.distributed as dist
+
+        self.bridge = bridge
+        self.interval = min(5.0, max(0.5, bridge.collective_timeout.total_seconds() / 6))
+        probe = datetime.timedelta(seconds=max(5.0, 2 * self.interval))
+        self.store = dist.TCPStore(bridge.master_addr, bridge.master_port, is_master=False, timeout=probe,
+                                   wait_for_workers=False)
+        now = time.monotonic()
+        self.count = [-1] * bridge.world_size
+        self.moved = [now] * bridge.world_size
+        self.store_ok = now  # the last time the store answered
+        self._failure: str | None = None  # a failure some rank recorded, kept in case the store goes
+        self._lock = threading.Lock()  # the watchdog beats, the main thread may ask for the failure
+
+    def beat(self) -> None:
+        """Bump this rank's counter and read everyone's; raises when the store does not answer."""
+        keys = [beat_key(r) for r in range(self.bridge.world_size)]
+        with self._lock:
+            self.store.add(keys[self.bridge.rank], 1)
+            counts = [int(v) for v in self.store.multi_get(keys)]
+        self.failure()
+        now = time.monotonic()
+        self.store_ok = now
+        for r, c in enumerate(counts):
+            if c != self.count[r]:
+                self.count[r], self.moved[r] = c, now
+
+    def failure(self) -> str | None:
+        """The failure a rank recorded in the store (the last one seen, once the store is gone)."""
+        if self._failure is None:
+            try:
+                with self._lock:
+                    if self.store.check([FAILURE_KEY]):
+                        self._failure = self.store.get(FAILURE_KEY).decode() or None
+            except Exception:  # noqa: BLE001 - the store's host is gone or silent
+                pass
+        return self._failure
+
+    def said(self, rank: int) -> str | None:
+        """The line `rank` printed when it stopped or failed: "" when it left none, None when the
+        store cannot tell (its host, rank 0, is gone too)."""
         try:
-            signal.set_wakeup_fd(-1)
-            for sig, old in previous.items():
-                signal.signal(sig, old)
-        except (ValueError, OSError):
+            with self._lock:
+                return self.store.get(said_key(rank)).decode() if self.store.check([said_key(rank)]) else ""
+        except Exception:  # noqa: BLE001
+            return None
+
+    def record(self, line: str) -> None:
+        """Leave this rank's last line where the others can read it (bounded by the short timeout)."""
+        try:
+            with self._lock:
+                self.store.set(said_key(self.bridge.rank), line)
+        except Exception:  # noqa: BLE001 - the store is gone or silent: the line is on stderr anyway
             pass
 
-    os.register_at_fork(after_in_child=forget_in_child)
+    def silence(self, rank: int) -> float:
+        """Seconds since `rank` was last heard of.  Counters are read through the store (rank 0's):
+        while it does not answer, only rank 0's silence grows."""
+        if rank == 0:
+            return time.monotonic() - self.moved[0]
+        return max(0.0, self.store_ok - self.moved[rank])
 
-    def watch() -> None:
+
+def cite(line: str) -> str:
+    """Another rank's last line, for this rank's: a failure is named, its cause left to its own line."""
+    line = line.removeprefix("rlft: ")
+    if " failed: " in line:
+        return line.split(" failed: ", 1)[0] + " failed (its own line names the cause)"
+    return line
+
+
+def diagnose(bridge: Bridge, describe: Callable[[int], str], beats: Heartbeats | None = None,
+             *, silent_after_s: float | None = None) -> str | None:
+    """What became of the peers, in one phrase naming the rank, or None when nothing is known:
+    a recorded failure first, then peers on this host whose process is stopped or ended without a
+    word, then the line a peer that ended left, then peers not heard of for `silent_after_s` s."""
+    failure = beats.failure() if beats is not None else None
+    if failure is None and bridge.rank == 0:
+        failure = bridge.failure()  # the store is this process's own
+    if failure is not None:
+        return cite(failure)
+    others = [r for r in range(bridge.world_size) if r != bridge.rank]
+    states = {r: process_state(**bridge.peers[r]) for r in others}
+    for r in others:  # the root causes first: a stopped process, one that ended without a word
+        if states[r] == "stopped":
+            quiet = f", silent for {beats.silence(r):.0f} s" if beats is not None else ""
+            pid = bridge.peers[r]["pid"]
+            return f"{describe(r)} is not answering: its process (pid {pid}) is stopped{quiet}"
+    said = {r: beats.said(r) if beats is not None else None for r in others if states[r] == "gone"}
+    for r in said:
+        if said[r] == "":
+            return (f"{describe(r)} is gone: its process (pid {bridge.peers[r]['pid']}) ended without a "
+                    f"message (killed?)")
+    for r in said:
+        if said[r]:
+            return cite(said[r])
+    for r in said:  # the store went with it: whatever it said is on its own line
+        return f"{describe(r)} is gone: its process (pid {bridge.peers[r]['pid']}) ended (its own line says why)"
+    if beats is not None:
+        limit = silent_after_s if silent_after_s is not None else 3 * beats.interval + 5
+        silent = sorted(others, key=beats.silence, reverse=True)
+        if silent and beats.silence(silent[0]) > limit:
+            r = silent[0]
+            where = f" on {bridge.peers[r]['host']}" if states[r] is None else ""
+            return f"{describe(r)}{where} is not answering: silent for {beats.silence(r):.0f} s"
+    return None
+
+
+class Watchdog:
+    """The rank's guard thread (see the module's docstring).  Start it in the main thread, before
+    anything else starts threads or processes; `watch_peers` once the bridge is up."""
+
+    def __init__(self, stop: Callable[[str, int], None]):
+        self.stop = stop
+        self.pid = os.getpid()
+        self.launcher = launcher_processes()
+        self.bridge: Bridge | None = None
+        self.describe: Callable[[int], str] = lambda r: f"rank {r}"
+        self.beats: Heartbeats | None = None
+        self._peers_ready = threading.Event()
+        self._rfd, self._wfd = os.pipe()
+        os.set_blocking(self._wfd, False)
+        self._saved = {}
+        for sig in _SIGNALS:
+            current = signal.getsignal(sig)
+            if current is signal.SIG_IGN:  # nohup, or a background job's SIGINT: stay deaf to it
+                continue
+            self._saved[sig] = current
+            signal.signal(sig, self._on_signal)
+        signal.set_wakeup_fd(self._wfd, warn_on_full_buffer=False)
+        os.register_at_fork(after_in_child=self._forget_in_child)
+        self._thread = threading.Thread(target=self._run, name="rlft-watchdog", daemon=True)
+        self._thread.start()
+
+    def watch_peers(self, bridge: Bridge, describe: Callable[[int], str]) -> None:
+        self.bridge, self.describe = bridge, describe
+        if bridge.world_size > 1:
+            self._peers_ready.set()
+
+    def diagnose(self) -> str | None:
+        """Why this rank lost its peers: its own launcher gone, or `diagnose`'s answer."""
+        gone = self.launcher_gone()
+        if gone or self.bridge is None:
+            return gone
+        return diagnose(self.bridge, self.describe, self.beats)
+
+    def launcher_gone(self) -> str | None:
+        for pid, started, what in self.launcher:
+            if process_state(socket.gethostname(), pid, started) == "gone":
+                return f"its launcher is gone: {what} ended, so nothing else would stop this rank"
+        return None
+
+    def record(self, line: str) -> None:
+        if self.beats is not None:
+            self.beats.record(line)
+
+    # ------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        next_beat = 0.0
         while True:
-            ready, _, _ = select.select([read_fd], [], [], poll_s)
+            ready, _, _ = select.select([self._rfd], [], [], POLL_S)
             if ready:
-                for signum in os.read(read_fd, 64):
-                    if signum in STOP_SIGNALS:
-                        stop(f"received {signal.Signals(signum).name}", 128 + signum)
-            elif os.getppid() != parent:
-                stop(f"its launcher (pid {parent}) exited", 1)
+                for signum in os.read(self._rfd, 64):
+                    if signum in self._saved:
+                        self._signalled(signum)
+            self._check_launcher()
+            if self._peers_ready.is_set() and time.monotonic() >= next_beat:
+                self._check_peers()
+                next_beat = time.monotonic() + (self.beats.interval if self.beats else POLL_S)
 
-    threading.Thread(target=watch, name="rlft-launcher-watch", daemon=True).start()
+    def _check_launcher(self) -> None:
+        gone = self.launcher_gone()
+        if gone:
+            self.stop(gone, 1)
 
+    def _check_peers(self) -> None:
+        bridge = self.bridge
+        try:
+            if self.beats is None:
+                self.beats = Heartbeats(bridge)
+            self.beats.beat()
+        except Exception:  # noqa: BLE001 - the store (rank 0's) did not answer in time, or is gone
+            pass
+        if self.beats is None:
+            return
+        limit = bridge.op_timeout.total_seconds()
+        for r in range(bridge.world_size):
+            if r != bridge.rank and self.beats.silence(r) > limit:
+                why = diagnose(bridge, self.describe, self.beats, silent_after_s=limit) or (
+                    f"{self.describe(r)} is not answering: silent for {self.beats.silence(r):.0f} s")
+                self.stop(f"{why} (the bound is topology.collective_timeout_minutes)", 1)
 
-def _exit_now(who: str, cause: str, code: int) -> None:
-    print(f"rlft: {who} stopping: {cause}", file=sys.stderr, flush=True)
-    os._exit(code)
+    # ------------------------------------------------------------ signals
+
+    def _signalled(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        why = self.diagnose()
+        self.stop(f"received {name}" + (f"; {why}" if why else ""), 128 + signum)
+
+    def _on_signal(self, signum, frame) -> None:
+        """The main thread's handler.  The signal also went down the wakeup pipe to the thread,
+        which acts on it even while this thread waits in a collective; act here only when
+        something else has taken the wakeup descriptor since."""
+        if os.getpid() != self.pid:  # a forked child that kept this handler: behave as before
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if signal.set_wakeup_fd(self._wfd, warn_on_full_buffer=False) != self._wfd:
+            self._signalled(signum)
+
+    def _forget_in_child(self) -> None:
+        """A forked child (an engine's worker) is not this rank: give it back the old handlers."""
+        try:
+            signal.set_wakeup_fd(-1)
+            for sig, handler in self._saved.items():
+                signal.signal(sig, handler)
+        except (ValueError, OSError):
+            pass

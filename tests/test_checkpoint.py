@@ -1,0 +1,122 @@
+"""Checkpoint writing when the disk fails: one line naming the checkpoint and the cause, and no
+temporary directory left behind (one process, a stand-in policy)."""
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlft.common import free_port
+from rlft.config import build_config
+from rlft.runtime import checkpoint
+from rlft.runtime.bridge import Bridge
+from rlft.runtime.checkpoint import CheckpointError, save_checkpoint
+from rlft.runtime.context import RankContext
+from rlft.topology import roles_for_rank
+
+ALONE = ["topology.policy_ranks=[0]", "topology.pipeline_stages=1", "topology.sampler_rank=0",
+         "topology.reference_rank=0", "topology.evaluator_rank=0", "device=cpu"]
+# What torch.save raises when the disk fills up under it.
+TORCH_DISK_FULL = ("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file "
+                   "data/0: file write failed")
+
+
+class StandInPolicy:
+    """What save_checkpoint asks of the policy; writes part of its state, then fails like torch.save."""
+
+    def __init__(self, error: Exception | None):
+        from transformers import LlamaConfig
+
+        self.hf_config = LlamaConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=1,
+                                     intermediate_size=64, vocab_size=32)
+        self.error = error
+
+    def save(self, directory: str, client_state: dict) -> None:
+        part = Path(directory) / "deepspeed"
+        part.mkdir(parents=True)
+        (part / "mp_rank_00_model_states.pt").write_bytes(b"half")
+        if self.error is not None:
+            raise self.error
+
+    def export_state(self) -> dict[str, torch.Tensor]:
+        return {"lm_head.weight": torch.zeros(32, 64)}
+
+
+def context(tmp_path: Path, error: Exception | None) -> RankContext:
+    cfg = build_config({}, [*ALONE, f"output.dir={tmp_path / 'out'}"])
+    bridge = Bridge(0, 1, master_addr="127.0.0.1", master_port=free_port(), timeout_s=30)
+    ctx = RankContext(cfg=cfg, roles=roles_for_rank(cfg.topology, 0), bridge=bridge, device=torch.device("cpu"))
+    ctx.policy = StandInPolicy(error)
+    return ctx
+
+
+def test_a_checkpoint_is_saved_and_published(tmp_path):
+    save_checkpoint(context(tmp_path, None), 3)
+    root = tmp_path / "out" / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step_000003"]
+
+
+@pytest.mark.parametrize("error", [RuntimeError(TORCH_DISK_FULL), OSError(errno.ENOSPC, "No space left on device")],
+                         ids=["torch_save", "oserror"])
+def test_a_full_disk_is_named_and_leaves_no_temporary_directory(tmp_path, monkeypatch, error):
+    real_usage = checkpoint.shutil.disk_usage
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: real_usage(p)._replace(free=4096))
+    with pytest.raises(CheckpointError) as e:
+        save_checkpoint(context(tmp_path, error), 3)
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith(f"could not save checkpoint {tmp_path / 'out' / 'checkpoints' / 'step_000003'}: "
+                              f"no space left on the device (0.0 MiB free on the disk holding "), message
+    assert list((tmp_path / "out" / "checkpoints").iterdir()) == []
+
+
+def test_another_write_error_is_named_as_it_is(tmp_path):
+    with pytest.raises(CheckpointError) as e:
+        save_checkpoint(context(tmp_path, PermissionError(errno.EACCES, "Permission denied", "/x/y.pt")), 5)
+    assert str(e.value).endswith("step_000005: Permission denied: /x/y.pt (its temporary directory was removed)")
+    assert list((tmp_path / "out" / "checkpoints").iterdir()) == []
+
+
+def test_a_lost_peer_during_a_save_is_not_called_a_write_error(tmp_path):
+    with pytest.raises(RuntimeError, match="Connection closed by peer") as e:
+        lost = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+        save_checkpoint(context(tmp_path, lost), 5)
+    assert not isinstance(e.value, CheckpointError)
+    assert list((tmp_path / "out" / "checkpoints").iterdir()) == []
+
+
+def write_checkpoint(out: Path, step: int, state_extra: dict, ds_files: list[str]) -> Path:
+    ck = checkpoint.step_dir(out, step)
+    (ck / "deepspeed").mkdir(parents=True)
+    for name in ds_files:
+        (ck / "deepspeed" / name).write_bytes(b"")
+    checkpoint.write_json_atomic(ck / checkpoint.STATE_FILE, {"step": step, **state_extra})
+    return ck
+
+
+def test_resuming_another_layout_is_explained_and_weights_only_on_request(tmp_path):
+    from rlft.config import ConfigError
+
+    out = tmp_path / "out"
+    ck = write_checkpoint(out, 4, {"layout": {"pipeline_stages": 2, "replicas": 1}}, [])
+    cfg = build_config({}, [*ALONE, f"output.dir={out}"])
+    with pytest.raises(ConfigError) as e:
+        checkpoint.resume_point(cfg)
+    assert str(e.value).startswith(f"output.resume: {ck} was written by a policy of 2 pipeline stages x 1 replica, "
+                                   f"this launch has 1 pipeline stage x 1 replica; ")
+    assert "output.resume_weights_only=true" in str(e.value)
+    assert checkpoint.resume_point(build_config({}, [*ALONE, f"output.dir={out}", "output.resume_weights_only=true"])) \
+        == (ck, True)
+    same = build_config({}, [*ALONE, f"output.dir={out}", "topology.policy_ranks=[0,1]", "topology.pipeline_stages=2"])
+    assert checkpoint.resume_point(same) == (ck, False)
+
+
+def test_the_layout_of_a_checkpoint_that_does_not_record_it_is_read_from_deepspeed_files(tmp_path):
+    ck = write_checkpoint(tmp_path, 2, {}, ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt",
+                                            "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                            "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+                                            "zero_pp_rank_0_mp_rank_01_optim_states.pt",
+                                            "zero_pp_rank_1_mp_rank_01_optim_states.pt"])
+    assert checkpoint.saved_layout(ck) == {"pipeline_stages": 2, "replicas": 2}

@@ -1,0 +1,256 @@
+"""A launch's life and its ends, through the real `deepspeed` launcher on gloo (CPU): stopping the
+launcher stops every rank; one launch per output directory; a rank that stops answering is named
+by the others, which exit (and one that was killed is named: checked on a stand-in peer).
+
+Layout (3 ranks): rank 0 the policy (one stage), rank 1 the reference + evaluator, rank 2 the sampler.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rlft.runtime.outdir_lock import OutputDirInUse, OutputDirLock
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "launch" / "configs" / "grpo_cpu_tiny.yaml"
+LAYOUT = ("topology.policy_ranks=[0]", "topology.pipeline_stages=1", "topology.reference_rank=1",
+          "topology.evaluator_rank=1", "topology.sampler_rank=2")
+ALONE = ("topology.policy_ranks=[0]", "topology.pipeline_stages=1", "topology.reference_rank=0",
+         "topology.evaluator_rank=0", "topology.sampler_rank=0")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from conftest import write_gsm8k_dir
+    from tiny_models import tiny_model_dir
+
+    root = tmp_path_factory.mktemp("lifetime")
+    model = tiny_model_dir(root / "model", family="llama", num_layers=2)
+    questions = [f"What is {a} plus {b}?" for a, b in zip(range(1, 9), range(3, 11))]
+    data = write_gsm8k_dir(root / "gsm8k", {"train": [(q, "5") for q in questions],
+                                             "test": [(q, "5") for q in questions[:4]]})
+    return {"root": root, "common": (f"model.path={model}", f"data.source={data}", "schedule.evaluate_freq=0")}
+
+
+class Launch:
+    """`launch/train.sh` in the background (its own session), its output in files."""
+
+    def __init__(self, root: Path, name: str, *overrides: str):
+        self.err_path = root / f"{name}.err"
+        env = dict(os.environ, RLFT_PROGRESS="0")
+        with open(root / f"{name}.out", "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen(["bash", str(REPO / "launch" / "train.sh"), str(CONFIG), *overrides],
+                                         cwd=REPO, env=env, stdout=out, stderr=err, start_new_session=True)
+        self.seen: dict[int, psutil.Process] = {}
+
+    @property
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def ranks(self) -> dict[int, psutil.Process]:
+        """Rank -> process, for every rank the launcher has started (remembered once seen)."""
+        try:
+            for p in psutil.Process(self.proc.pid).children(recursive=True):
+                m = re.search(r"--local_rank=(\d+)", " ".join(p.cmdline()))
+                if m and "rlft.train_grpo" in " ".join(p.cmdline()):
+                    self.seen.setdefault(int(m.group(1)), p)
+        except psutil.Error:
+            pass
+        return self.seen
+
+    def stopped_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if re.match(r"rlft: rank \d+ \(.*\) (stopping|failed)", line)]
+
+    def cleanup(self) -> None:
+        for p in self.seen.values():
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def wait_for(predicate, timeout: float, what: str, launch: Launch | None = None) -> float:
+    t0 = time.time()
+    while not predicate():
+        if time.time() - t0 > timeout:
+            raise AssertionError(f"not within {timeout} s: {what}\n" + (launch.stderr[-5000:] if launch else ""))
+        time.sleep(0.5)
+    return time.time() - t0
+
+
+def steps_done(out: Path) -> int:
+    f = out / "steps.jsonl"
+    return len(f.read_text().splitlines()) if f.is_file() else 0
+
+
+def gone(p: psutil.Process) -> bool:
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_stopping_the_launcher_stops_every_rank_and_a_second_launch_is_refused(setup):
+    out = setup["root"] / "run_term"
+    first = Launch(setup["root"], "term", *setup["common"], *LAYOUT, f"output.dir={out}", "schedule.steps=500",
+                   "schedule.save_every=1")
+    try:
+        wait_for(lambda: steps_done(out) >= 2 or first.proc.poll() is not None, 600, "two steps", first)
+        assert first.proc.poll() is None, first.stderr[-5000:]
+        ranks = first.ranks()
+        assert sorted(ranks) == [0, 1, 2]
+        launcher = psutil.Process(ranks[0].ppid())  # DeepSpeed's per-node launcher
+        runner = launcher.parent()  # the `deepspeed` command (train.sh runs it in a process group of its own)
+        assert "deepspeed" in " ".join(runner.cmdline()), runner.cmdline()
+
+        # A second launch on the same output directory names the running one and exits with status 2.
+        second = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(CONFIG), *setup["common"], *ALONE,
+                                 f"output.dir={out}", "schedule.steps=1"], cwd=REPO, capture_output=True, text=True,
+                                timeout=600, env=dict(os.environ, RLFT_PROGRESS="0"))
+        assert second.returncode == 2, second.stderr[-4000:]
+        refusal = [line for line in second.stderr.splitlines() if "is in use by another launch" in line]
+        assert len(refusal) == 1, second.stderr[-4000:]
+        assert f"pid {ranks[0].pid} on " in refusal[0] and f"launching command is pid {runner.pid}" in refusal[0]
+        assert first.proc.poll() is None and steps_done(out) >= 2  # the first launch runs on
+
+        # SIGTERM to the `deepspeed` command (what `timeout` or `kill` does): every rank stops within seconds.
+        runner.send_signal(signal.SIGTERM)
+        took = wait_for(lambda: all(gone(p) for p in [*ranks.values(), launcher, runner]), 60, "every rank stopped", first)
+        print(f"\nevery rank stopped {took:.1f} s after the launcher was sent SIGTERM")
+        lines = first.stopped_lines()
+        for r in ranks:
+            assert any(line.startswith(f"rlft: rank {r} ") and "its launcher is gone" in line
+                       for line in lines), lines
+        # Nothing half-written is left: every checkpoint directory is complete.
+        names = [p.name for p in (out / "checkpoints").iterdir()]
+        complete = [n for n in names if re.fullmatch(r"step_\d{6}", n)
+                    and (out / "checkpoints" / n / "trainer_state.json").is_file()]
+        assert names and complete == names, names
+        # The stopped launch's lock is stale: it is taken over, naming the launch it belonged to.
+        lock = OutputDirLock(out)
+        previous = lock.acquire()
+        lock.release()
+        assert previous["pid"] == ranks[0].pid and previous["launcher_pid"] == runner.pid
+    finally:
+        first.cleanup()
+
+
+def test_a_stopped_rank_is_named_and_the_others_exit(setup):
+    out = setup["root"] / "run_stop"
+    launch = Launch(setup["root"], "stop", *setup["common"], *LAYOUT, f"output.dir={out}", "schedule.steps=500",
+                    "schedule.save_every=0", "topology.collective_timeout_minutes=0.5")
+    try:
+        wait_for(lambda: steps_done(out) >= 1 or launch.proc.poll() is not None, 600, "one step", launch)
+        ranks = launch.ranks()
+        assert sorted(ranks) == [0, 1, 2], launch.stderr[-5000:]
+        ranks[2].suspend()  # SIGSTOP: alive, holding its sockets, answering nothing
+        took = wait_for(lambda: gone(ranks[0]) and gone(ranks[1]), 150, "ranks 0 and 1 exited", launch)
+        print(f"\nthe other ranks exited {took:.1f} s after rank 2 was stopped (bound: 30 s)")
+        lines = launch.stopped_lines()
+        for r in (0, 1):
+            mine = [line for line in lines if line.startswith(f"rlft: rank {r} ")]
+            assert len(mine) == 1 and "rank 2 (sampler) is not answering" in mine[0], lines
+        assert not [line for line in lines if " failed: " in line], lines
+    finally:
+        launch.cleanup()
+
+
+def test_the_output_lock_names_its_holder_and_is_taken_over_when_the_holder_is_gone(tmp_path):
+    holder = subprocess.Popen(
+        ["python", "-c", "import sys, time\nfrom rlft.runtime.outdir_lock import OutputDirLock\n"
+         f"OutputDirLock({str(tmp_path)!r}).acquire(launcher_pid=4242)\nprint('held', flush=True)\ntime.sleep(600)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(OutputDirInUse) as e:
+            OutputDirLock(tmp_path).acquire()
+        assert f"pid {holder.pid} on " in str(e.value) and "launching command is pid 4242" in str(e.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = OutputDirLock(tmp_path)
+    previous = lock.acquire()
+    assert previous["pid"] == holder.pid  # stale: recognised and taken over
+    lock.release()
+    assert json.loads((tmp_path / ".lock").read_text() or "{}") == {}  # a finished launch leaves no holder
+    assert OutputDirLock(tmp_path).acquire() is None
+
+
+BLOCKED_RANK = """
+import datetime, os, sys
+import torch.distributed as dist
+from rlft.common import free_port
+from rlft.runtime.watchdog import Watchdog
+
+def stop(reason, code):
+    print("stopping:", reason, flush=True)
+    os._exit(code)
+
+Watchdog(stop)
+store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
+print("ready", flush=True)
+store.wait(["never"], datetime.timedelta(hours=1))  # the main thread blocked in C++, like a collective
+print("woke up", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_a_rank_whose_main_thread_waits_in_a_collective(sig):
+    proc = subprocess.Popen(["python", "-c", BLOCKED_RANK], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 128 + sig
+        assert proc.stdout.read().strip() == f"stopping: received {sig.name}"
+    finally:
+        proc.kill()
+
+
+def test_a_peer_that_was_killed_or_stopped_is_named():
+    # What the survivors say when a collective fails for want of a peer (rank.lost_contact): here a
+    # one-rank bridge given a second peer, a real process that is then stopped and killed.
+    import socket
+
+    from rlft.common import free_port
+    from rlft.runtime.bridge import Bridge
+    from rlft.runtime.watchdog import Heartbeats, diagnose
+
+    bridge = Bridge(0, 1, master_addr="127.0.0.1", master_port=free_port(), timeout_s=30)
+    peer = subprocess.Popen(["sleep", "600"])
+    try:
+        bridge.world_size = 2
+        bridge.peers.append({"host": socket.gethostname(), "pid": peer.pid,
+                             "started": psutil.Process(peer.pid).create_time()})
+        beats = Heartbeats(bridge)  # its store connection tells whether the peer left a line
+        describe = {0: "rank 0 (policy)", 1: "rank 1 (sampler)"}.get
+        assert diagnose(bridge, describe, beats) is None
+        peer.send_signal(signal.SIGSTOP)
+        wait_for(lambda: psutil.Process(peer.pid).status() == psutil.STATUS_STOPPED, 10, "stopped")
+        stopped = f"rank 1 (sampler) is not answering: its process (pid {peer.pid}) is stopped, silent for 0 s"
+        assert diagnose(bridge, describe, beats) == stopped
+        peer.kill()
+        gone = f"rank 1 (sampler) is gone: its process (pid {peer.pid}) ended without a message (killed?)"
+        wait_for(lambda: diagnose(bridge, describe, beats) == gone, 10, "seen as gone (a zombie)")
+        peer.wait()
+        assert diagnose(bridge, describe, beats) == gone
+        # A failure some rank recorded comes first, named without repeating its cause.
+        bridge.report_failure("rlft: rank 1 (sampler) failed: FileNotFoundError: no 'nosuch' split")
+        assert diagnose(bridge, describe, beats) == "rank 1 (sampler) failed (its own line names the cause)"
+    finally:
+        peer.kill()
+        peer.wait()
