@@ -1,0 +1,245 @@
+"""Reading the answer out of an R1-Zero response, and exact number forms.
+
+``<think> ... </think> <answer> ... </answer>``: :func:`extract_answer_text` takes the text after
+the last ``<answer>`` (and the last ``\\boxed{}``'s content if it has one);
+:func:`parse_number_form` reads the number forms that count as a number (see :mod:`rlft.grader`
+for the list); :func:`decide_in_process` gives the exact-number verdict that decides most answers
+without a worker process.  Nothing here evaluates model text.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from typing import Sequence, Union
+
+from rlft._grader_worker import MAX_SYMBOLIC_CHARS
+
+GroundTruth = Union[str, int, float, Sequence[Union[str, int, float]]]
+
+THINK_ANSWER_SEPARATOR = "</think> <answer>"
+ANSWER_OPEN = "<answer>"
+ANSWER_CLOSE = "</answer>"
+MAX_ANSWER_CHARS = MAX_SYMBOLIC_CHARS  # longer answers are wrong without further checks
+
+# --------------------------------------------------------------------------- answer extraction
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced.
+
+    ``\\boxed 18`` (no braces) yields ``"18"``. Returns None when there is no box or its braces
+    never close.
+    """
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    rest = text[start + (6 if text.startswith("\\boxed", start) else 5):]
+    if not rest.lstrip().startswith("{"):
+        if rest.startswith(" "):  # "\boxed 18$" form: up to the closing dollar
+            return rest.split("$")[0].strip()
+        return None
+    rest = rest.lstrip()
+    depth = 0
+    for i, ch in enumerate(rest):
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return rest[1:i]
+    return None
+
+
+def split_response(response: str) -> tuple[bool, str | None]:
+    """(format valid?, answer text or None). The answer is None when the box is unbalanced."""
+    if THINK_ANSWER_SEPARATOR not in response or ANSWER_CLOSE not in response:
+        return False, None
+    answer = response.split(ANSWER_OPEN)[-1].replace(ANSWER_CLOSE, "")
+    if "\\boxed" in answer:
+        answer = extract_boxed(answer)
+    return True, answer
+
+
+def extract_answer_text(response: str) -> str | None:
+    """The final answer of an R1-Zero response, or None when the format is broken.
+
+    The answer is the text after the last ``<answer>`` with ``</answer>`` removed, reduced to the
+    content of its last ``\\boxed{}`` when it has one. None when ``"</think> <answer>"`` or
+    ``"</answer>"`` is missing, or a ``\\boxed{`` never closes.
+    """
+    if not isinstance(response, str):
+        raise TypeError(f"response must be a str, got {type(response).__name__}")
+    return split_response(response)[1]
+
+
+# --------------------------------------------------------------------------- number normalisation
+
+_TEXT_COMMAND = re.compile(
+    r"\\(?:text|textbf|textrm|textnormal|mathrm|mathbf|mbox)\s*\{([^{}]*)\}"
+)
+# Characters and LaTeX spacing/delimiter commands that carry no value in a numeric answer.
+_DROPPED = (
+    "\\$", "$", "\\(", "\\)", "\\[", "\\]", "\\!", "\\,", "\\;", "\\:", "\\ ", "~",
+    "€", "£", "¥", "₹",
+)
+_DIGITS = r"\d{1,3}(?:,\d{3})+|\d+"  # an integer, optionally grouped in thousands
+_NUMBER = re.compile(
+    r"(?P<sign>[-+]?)\s*"
+    rf"(?P<digits>(?:{_DIGITS})(?:\.\d+)?|\.\d+)"
+    # A fraction of two integers: "1/2" (also what "\frac{1}{2}" is rewritten to).
+    rf"(?:\s*/\s*(?P<denominator>{_DIGITS}))?\s*"
+    r"(?P<percent>%|percent\b|per\s?cent\b)?\s*"
+    # Trailing unit words ("18 dollars", "5 km/h", "3 sq. ft"): letters only, no digits, so
+    # "18 or 19" is not read as 18.
+    r"(?P<unit>[a-z][a-z .'/-]{0,39})?",
+    re.IGNORECASE,
+)
+# \frac{1}{2}, \dfrac{-3}{4}, \tfrac12 with integer parts, rewritten as "1/2" before matching.
+_LATEX_FRACTION = re.compile(
+    r"\\[dt]?frac\s*(?:\{\s*(?P<num>[-+]?\s*[\d,]+)\s*\}|(?P<num1>\d))"
+    r"\s*(?:\{\s*(?P<den>[\d,]+)\s*\}|(?P<den1>\d))"
+)
+# "x = 18", "= 18": a label of at most two letters before the number (as the original grader).
+_LABEL = re.compile(r"(?:[a-z]{1,2}\s*)?=\s*", re.IGNORECASE)
+
+
+def _number_match(text: str) -> re.Match | None:
+    """The number-form match for ``text`` after LaTeX and markdown clean-up, else None."""
+    if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
+        return None
+    if "\\boxed" in text or "\\fbox" in text:
+        boxed = extract_boxed(text)
+        if boxed is None:
+            return None
+        text = boxed
+    for _ in range(3):  # \text{\textbf{18}} nests rarely and shallowly
+        text = _TEXT_COMMAND.sub(r"\1", text)
+    text = text.replace("\\%", "%").replace("{,}", ",").replace("\u2212", "-")
+    for token in _DROPPED:
+        text = text.replace(token, "")
+    # Spaced, so that a mixed number ("2\\frac{1}{2}") stays two numbers instead of "21/2".
+    text = _LATEX_FRACTION.sub(
+        lambda m: " " + f"{m['num'] or m['num1']}/{m['den'] or m['den1']}".replace(" ", "") + " ",
+        text)
+    text = text.strip().strip("*").strip()  # markdown bold
+    text = text.rstrip(". ").strip()  # "18." at the end of a sentence
+    label = _LABEL.match(text)
+    if label is not None:
+        text = text[label.end():]
+    return _NUMBER.fullmatch(text)
+
+
+def _parse_number(text: str) -> tuple[Decimal, bool] | None:
+    """(exact value, written as a percentage?) for a GSM8K-style decimal number, else None."""
+    match = _number_match(text)
+    if match is None or match["denominator"] is not None:
+        return None
+    try:
+        value = Decimal(match["sign"] + match["digits"].replace(",", ""))
+    except InvalidOperation:
+        return None
+    return value, match["percent"] is not None
+
+
+def parse_number_form(text: str, whole_fractions: bool = False) -> tuple[Fraction, bool] | None:
+    """(exact value, written as a percentage?) when ``text`` is written as a number, else None.
+
+    Number forms: an integer or decimal (``18``, ``-3.5``, ``.5``, ``1,000``) with the clean-up of
+    :func:`normalize_number` (currency, ``\\boxed{}``, ``\\text{}``, unit words, percent), a label
+    (``x = 18``), or a fraction of two integers (``1/2``, ``\\frac{1}{2}``, ``-\\dfrac{3}{4}``,
+    ``\\tfrac12``). Expressions are not numbers: ``16+2``, ``2*9``, ``9^2``, ``\\sqrt{4}``,
+    ``18 + 0``, mixed numbers (``1 1/2``), scientific notation (``1.8e1``) and decimal fractions
+    (``1.5/3``) all give None, and so does a fraction whose value is a whole number (``36/2``)
+    unless ``whole_fractions`` (used for ground truths, which may be written that way).
+    """
+    match = _number_match(text)
+    if match is None:
+        return None
+    try:
+        value = Fraction(Decimal(match["sign"] + match["digits"].replace(",", "")))
+    except InvalidOperation:
+        return None
+    if match["denominator"] is not None:
+        denominator = int(match["denominator"].replace(",", ""))
+        if "." in match["digits"] or denominator == 0:
+            return None
+        value /= denominator
+        if value.denominator == 1 and not whole_fractions:
+            return None
+    return value, match["percent"] is not None
+
+
+def normalize_number(text: str) -> str | None:
+    """Canonical decimal string of a GSM8K-style number, or None when ``text`` is not one.
+
+    Strips ``$``, thousands commas, trailing zeros after the point, ``\\boxed{}``, ``\\text{}``,
+    surrounding spaces/periods/bold markers and trailing unit words; a percent sign is dropped
+    (``"25%"`` -> ``"25"``). Examples: ``"$1,000.00"`` -> ``"1000"``, ``"-3.50"`` -> ``"-3.5"``,
+    ``"\\boxed{18}"`` -> ``"18"``, ``"18 dollars"`` -> ``"18"``, ``"1/2"`` -> None (a fraction has
+    no decimal string in general; :func:`parse_number_form` reads it).
+    """
+    parsed = _parse_number(text)
+    if parsed is None:
+        return None
+    value = parsed[0]
+    if value == 0:
+        return "0"
+    return format(value.normalize(), "f")
+
+
+def _number_values(text: str, whole_fractions: bool = False) -> set[Fraction] | None:
+    """Exact values ``text`` may denote: ``{v}``, plus ``v/100`` when written as a percentage.
+
+    Both readings of "25%" are accepted because GSM8K stores percentage answers as bare numbers
+    ("25") while other sources store fractions ("0.25").
+    """
+    parsed = parse_number_form(text, whole_fractions)
+    if parsed is None:
+        return None
+    value = parsed[0]
+    return {value, value / 100} if parsed[1] else {value}
+
+
+def ground_truth_texts(ground_truth: GroundTruth) -> list[str]:
+    """Ground truth as a non-empty list of strings (a list means: any of these is right)."""
+    items = list(ground_truth) if isinstance(ground_truth, (list, tuple)) else [ground_truth]
+    if not items:
+        raise ValueError("ground_truth is an empty list: give at least one accepted answer")
+    texts = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+            raise TypeError(
+                f"ground_truth must be a str, int, float or a list of them, got {type(item).__name__}"
+            )
+        texts.append(item if isinstance(item, str) else _number_text(item))
+    return texts
+
+
+def _number_text(value: int | float) -> str:
+    """Plain decimal text of a numeric ground truth: 1e20 -> "100000000000000000000"."""
+    if isinstance(value, float) and value == value and abs(value) != float("inf"):
+        return format(Decimal(repr(value)), "f")
+    return str(value)
+
+
+def decide_in_process(answer: str, golds: list[str], fast: bool) -> tuple[bool | None, list[str]]:
+    """Exact-number verdict: (True/False, []) when decided, (None, golds left for math_verify).
+
+    A gold that is a number is matched only by an answer written as a number: an expression
+    (``16+2``) never reaches math_verify, which would evaluate it.
+    """
+    mine = _number_values(answer)
+    undecided = []
+    for gold in golds:
+        theirs = _number_values(gold, whole_fractions=True)
+        if theirs is None:
+            undecided.append(gold)
+        elif mine is not None and mine & theirs:
+            return True, []
+        elif mine is not None and not fast:
+            undecided.append(gold)  # two numbers: math_verify may still round them equal
+    if not undecided:
+        return False, []
+    return None, undecided
