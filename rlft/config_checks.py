@@ -1,0 +1,236 @@
+"""What the schema's types cannot say: ranges, combinations of settings and the topology.
+
+``validate(cfg)`` raises a :class:`~rlft.config_schema.ConfigError` naming the key path of the first
+mistake; ``config_warnings`` lists settings that run but are probably not what was meant.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+# The allowed values of the choice settings are read from where each choice is implemented, so a
+# new loss, KL estimator, aggregation or backend is accepted as soon as it is registered there.
+from rlft.common import DTYPE_CHOICES
+from rlft.config_schema import (
+    CHECKPOINT_STATE_FILE,
+    LAUNCHERS,
+    ConfigError,
+    GRPOConfig,
+    RewardConfig,
+    RunConfig,
+    SamplingConfig,
+    TopologyConfig,
+)
+from rlft.engines import BACKENDS
+from rlft.grpo import AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
+from rlft.overlong import OVERLONG_MODES
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _check_reward(r: RewardConfig) -> None:
+    from rlft.rewards import validate_format_weight, validate_reward_fn
+
+    try:
+        validate_reward_fn(r.fn)
+    except ValueError as e:
+        raise ConfigError(f"reward.fn: {e}") from None
+    try:
+        validate_format_weight(r.format_weight)
+    except ValueError as e:
+        raise ConfigError(f"reward.format_weight: {e}") from None
+    _require(0 < r.timeout_s < float("inf"), f"reward.timeout_s: must be a finite number > 0, got {r.timeout_s}")
+
+
+def _check_rollout_corrections(g: GRPOConfig, s: SamplingConfig) -> None:
+    _require(g.rollout_is in ROLLOUT_IS_MODES,
+             f"grpo.rollout_is: must be one of {', '.join(ROLLOUT_IS_MODES)}, got '{g.rollout_is}'")
+    _require(1 <= g.rollout_is_cap < float("inf"), f"grpo.rollout_is_cap: must be a number >= 1, got {g.rollout_is_cap}")
+    _require(g.overlong in OVERLONG_MODES,
+             f"grpo.overlong: must be one of {', '.join(OVERLONG_MODES)}, got '{g.overlong}'")
+    if g.overlong == "soft_penalty":
+        _require(1 <= g.overlong_buffer <= s.max_tokens,
+                 f"grpo.overlong_buffer: must be between 1 and sampling.max_tokens ({s.max_tokens}), "
+                 f"got {g.overlong_buffer}")
+    _require(0 <= g.overlong_penalty < float("inf"),
+             f"grpo.overlong_penalty: must be a finite number >= 0, got {g.overlong_penalty}")
+
+
+def _check_prompt_template(template: str) -> None:
+    from rlft.prompts import get_template
+
+    try:
+        get_template(template)
+    except ValueError as e:
+        raise ConfigError(f"data.prompt_template: {e}") from None
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Range and consistency checks that types alone cannot express."""
+    g, s, o, sch, t, m = cfg.grpo, cfg.sampling, cfg.optim, cfg.schedule, cfg.topology, cfg.model
+    _require(m.dtype in DTYPE_CHOICES, f"model.dtype: must be one of {', '.join(DTYPE_CHOICES)}, got '{m.dtype}'")
+    _require(m.attn_implementation in ("sdpa", "eager"),
+             f"model.attn_implementation: must be sdpa or eager, got '{m.attn_implementation}'")
+    _require(m.padding_side in ("left", "right"), f"model.padding_side: must be left or right, got '{m.padding_side}'")
+    _require(bool(m.path), "model.path: must not be empty")
+    _require(g.group_size >= 1, f"grpo.group_size: must be >= 1, got {g.group_size}")
+    _require(g.loss_type in POLICY_LOSSES,
+             f"grpo.loss_type: unknown loss '{g.loss_type}' (valid: {', '.join(POLICY_LOSSES)})")
+    _require(g.cliprange > 0, f"grpo.cliprange: must be > 0, got {g.cliprange}")
+    if g.loss_type == "dapo":
+        _require(g.cliprange_high is not None, "grpo.cliprange_high: required when grpo.loss_type is dapo")
+    if g.cliprange_high is not None:
+        _require(g.cliprange_high > 0, f"grpo.cliprange_high: must be > 0, got {g.cliprange_high}")
+    _require(g.advantage_eps >= 0, f"grpo.advantage_eps: must be >= 0, got {g.advantage_eps}")
+    if g.normalize_by_std:
+        _require(g.advantage_eps > 0, f"grpo.advantage_eps: must be > 0 when grpo.normalize_by_std is true (a group "
+                                      f"whose rewards are all equal would divide 0 by 0), got {g.advantage_eps}")
+    _require(g.kl_coef >= 0, f"grpo.kl_coef: must be >= 0, got {g.kl_coef}")
+    _require(g.kl_estimator in KL_ESTIMATORS,
+             f"grpo.kl_estimator: must be one of {', '.join(KL_ESTIMATORS)}, got '{g.kl_estimator}'")
+    _require(g.aggregation in AGGREGATION_MODES,
+             f"grpo.aggregation: must be one of {', '.join(AGGREGATION_MODES)}, got '{g.aggregation}'")
+    _require(g.old_logprobs in ("policy", "reference"),
+             f"grpo.old_logprobs: must be policy or reference, got '{g.old_logprobs}'")
+    _require(g.epochs_per_rollout >= 1, f"grpo.epochs_per_rollout: must be >= 1, got {g.epochs_per_rollout}")
+    _require(g.max_sampling_rounds >= 1, f"grpo.max_sampling_rounds: must be >= 1, got {g.max_sampling_rounds}")
+    if g.dynamic_sampling:
+        _require(g.group_size >= 2, f"grpo.dynamic_sampling: needs grpo.group_size >= 2 (a group of one "
+                                    f"never has differing rewards), got {g.group_size}")
+    _check_reward(cfg.reward)
+    _check_rollout_corrections(g, s)
+    _require(sch.time_limit_minutes is None or 0 < sch.time_limit_minutes < float("inf"),
+             f"schedule.time_limit_minutes: must be a number > 0 or null, got {sch.time_limit_minutes}")
+    if g.loss_type == "no_baseline" and g.group_size != 1:
+        raise ConfigError(f"grpo.group_size: loss_type no_baseline uses no groups; set grpo.group_size=1 "
+                          f"(got {g.group_size})")
+
+    _require(s.backend in BACKENDS, f"sampling.backend: must be one of {', '.join(BACKENDS)}, got '{s.backend}'")
+    _require(0 < s.top_p <= 1, f"sampling.top_p: must be in (0, 1], got {s.top_p}")
+    _require(s.temperature >= 0, f"sampling.temperature: must be >= 0, got {s.temperature}")
+    _require(s.eval_temperature >= 0, f"sampling.eval_temperature: must be >= 0, got {s.eval_temperature}")
+    _require(s.max_tokens >= 1, f"sampling.max_tokens: must be >= 1, got {s.max_tokens}")
+    _require(0 <= s.min_tokens <= s.max_tokens,
+             f"sampling.min_tokens: must be between 0 and sampling.max_tokens ({s.max_tokens}), got {s.min_tokens}")
+    _require(s.repetition_penalty > 0, f"sampling.repetition_penalty: must be > 0, got {s.repetition_penalty}")
+    _require(0 < s.vllm.gpu_memory_utilization <= 1,
+             f"sampling.vllm.gpu_memory_utilization: must be in (0, 1], got {s.vllm.gpu_memory_utilization}")
+
+    _require(0 < o.lr < float("inf"), f"optim.lr: must be a finite number > 0, got {o.lr}")
+    _require(0 < o.eps < 1, f"optim.eps: must be in (0, 1), got {o.eps}")
+    _require(s.eval_max_tokens is None or s.eval_max_tokens >= 1,
+             f"sampling.eval_max_tokens: must be >= 1 or null, got {s.eval_max_tokens}")
+    _require(s.eval_max_tokens is None or s.eval_max_tokens >= s.min_tokens,
+             f"sampling.eval_max_tokens: must be >= sampling.min_tokens ({s.min_tokens}), the evaluation's "
+             f"forced minimum, got {s.eval_max_tokens}")
+    _require(s.vllm.max_model_len is None or s.vllm.max_model_len >= 1,
+             f"sampling.vllm.max_model_len: must be >= 1 or null, got {s.vllm.max_model_len}")
+    _require(s.vllm.kv_cache_memory_bytes is None or s.vllm.kv_cache_memory_bytes >= 1,
+             f"sampling.vllm.kv_cache_memory_bytes: must be >= 1 or null, got {s.vllm.kv_cache_memory_bytes}")
+    _require(cfg.output.keep_checkpoints >= 0,
+             f"output.keep_checkpoints: must be >= 0 (0 = keep all), got {cfg.output.keep_checkpoints}")
+    _require(sch.num_logged_samples >= 1, f"schedule.num_logged_samples: must be >= 1 (log no samples with "
+                                           f"schedule.log_samples_every=0), got {sch.num_logged_samples}")
+    _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
+             f"optim.betas: must be two numbers in [0, 1), got {o.betas}")
+    _require(o.weight_decay >= 0, f"optim.weight_decay: must be >= 0, got {o.weight_decay}")
+    _require(o.grad_clip >= 0, f"optim.grad_clip: must be >= 0 (0 = off), got {o.grad_clip}")
+    _require(o.lr_schedule in ("constant", "cosine"),
+             f"optim.lr_schedule: must be constant or cosine, got '{o.lr_schedule}'")
+    _require(o.warmup_steps >= 0, f"optim.warmup_steps: must be >= 0, got {o.warmup_steps}")
+    _require(o.max_nonfinite_steps >= 1, f"optim.max_nonfinite_steps: must be >= 1, got {o.max_nonfinite_steps}")
+    _require(o.train_micro_batch_size >= 1,
+             f"optim.train_micro_batch_size: must be >= 1, got {o.train_micro_batch_size}")
+    _require(o.rollout_batch_size >= 1, f"optim.rollout_batch_size: must be >= 1, got {o.rollout_batch_size}")
+    _require(o.rollout_batch_size % g.group_size == 0,
+             f"optim.rollout_batch_size: must be a multiple of grpo.group_size ({g.group_size}), "
+             f"got {o.rollout_batch_size}")
+
+    _require(sch.steps >= 1, f"schedule.steps: must be >= 1, got {sch.steps}")
+    for name in ("evaluate_freq", "save_every", "log_samples_every"):
+        v = getattr(sch, name)
+        _require(v >= 0, f"schedule.{name}: must be >= 0 (0 = off), got {v}")
+    _require(sch.sync_every >= 1, f"schedule.sync_every: must be >= 1, got {sch.sync_every}")
+    _require(cfg.output.resume in ("auto", "never") or bool(cfg.output.resume),
+             "output.resume: must be auto, never or a checkpoint path")
+    if cfg.output.resume not in ("auto", "never"):
+        _require((Path(cfg.output.resume).expanduser() / CHECKPOINT_STATE_FILE).is_file(),
+                 f"output.resume: {cfg.output.resume} is not a complete rlft checkpoint (no {CHECKPOINT_STATE_FILE}); "
+                 f"use auto, never, or a directory OUT/checkpoints/step_N")
+    _check_prompt_template(cfg.data.prompt_template)
+    _require(cfg.device in ("auto", "cuda", "cpu"), f"device: must be auto, cuda or cpu, got '{cfg.device}'")
+    _require(cfg.data.eval_size is None or cfg.data.eval_size >= 1,
+             f"data.eval_size: must be >= 1 or null, got {cfg.data.eval_size}")
+    _require(cfg.data.train_size is None or cfg.data.train_size >= 1,
+             f"data.train_size: must be >= 1 or null, got {cfg.data.train_size}")
+
+    sft = cfg.sft
+    _require(sft.batch_size >= 1, f"sft.batch_size: must be >= 1, got {sft.batch_size}")
+    _require(sft.epochs >= 1, f"sft.epochs: must be >= 1, got {sft.epochs}")
+    _require(sft.max_steps is None or sft.max_steps >= 1, f"sft.max_steps: must be >= 1 or null, got {sft.max_steps}")
+    _require(sft.max_seq_len >= 2, f"sft.max_seq_len: must be >= 2, got {sft.max_seq_len}")
+    _require(sft.train_size is None or sft.train_size >= 1,
+             f"sft.train_size: must be >= 1 or null, got {sft.train_size}")
+
+    check_topology(t)
+    _require(0 < t.collective_timeout_minutes < float("inf"),
+             f"topology.collective_timeout_minutes: must be a finite number > 0, got {t.collective_timeout_minutes}")
+    dp = len(t.policy_ranks) // t.pipeline_stages
+    per_replica = o.rollout_batch_size // dp if dp else 0
+    _require(o.rollout_batch_size % dp == 0 and per_replica % o.train_micro_batch_size == 0,
+             f"optim.rollout_batch_size: {o.rollout_batch_size} must split evenly into {dp} data-parallel "
+             f"replica(s) x micro-batches of optim.train_micro_batch_size={o.train_micro_batch_size}")
+    return cfg
+
+
+def config_warnings(cfg: RunConfig, *, rollouts: bool = True) -> list[str]:
+    """Settings that are valid but waste a run without failing it, one sentence each (logged at
+    start).  `rollouts`: the trainer samples training responses (GRPO; not SFT)."""
+    found = []
+    s, g = cfg.sampling, cfg.grpo
+    if rollouts and s.temperature == 0 and g.group_size > 1:
+        found.append(f"sampling.temperature is 0 with grpo.group_size {g.group_size}: the responses to a prompt are "
+                     f"identical, so every group's advantages are 0 and the policy learns nothing; sample with "
+                     f"sampling.temperature > 0")
+    source = Path(cfg.data.source).expanduser()
+    if source.is_file():
+        found.append(f"data.source {cfg.data.source} is a single file: the evaluation (data.eval_split) scores the "
+                     f"training rows themselves; point data.source at a directory holding "
+                     f"{cfg.data.train_split} and {cfg.data.eval_split} files to evaluate on held-out rows")
+    return found
+
+
+def check_topology(t: TopologyConfig) -> None:
+    """Refuse impossible topologies before anything starts; messages name the problem."""
+    _require(bool(t.policy_ranks), "topology.policy_ranks: must list at least one rank")
+    _require(all(r >= 0 for r in [*t.policy_ranks, t.sampler_rank, t.reference_rank, t.evaluator_rank]),
+             "topology: ranks must be >= 0")
+    dup = sorted({r for r in t.policy_ranks if t.policy_ranks.count(r) > 1})
+    _require(not dup, f"topology.policy_ranks: rank(s) {dup} listed more than once")
+    _require(t.pipeline_stages >= 1, f"topology.pipeline_stages: must be >= 1, got {t.pipeline_stages}")
+    _require(len(t.policy_ranks) % t.pipeline_stages == 0,
+             f"topology.policy_ranks: {len(t.policy_ranks)} policy ranks cannot form pipelines of "
+             f"{t.pipeline_stages} stages (need a multiple of topology.pipeline_stages)")
+    _require(t.nodes >= 1, f"topology.nodes: must be >= 1, got {t.nodes}")
+    check_nodes(t)
+    ws = t.world_size()
+    used = set(t.policy_ranks) | {t.sampler_rank, t.reference_rank, t.evaluator_rank}
+    idle = sorted(set(range(ws)) - used)
+    _require(not idle, f"topology: rank(s) {idle} of the {ws} launched would host no role; "
+                       f"renumber the roles to use ranks 0..{len(used) - 1}")
+
+
+def check_nodes(t: TopologyConfig) -> None:
+    """The multi-node settings; the hostfile itself is checked where it is read (rlft.launch_plan)."""
+    _require(t.launcher in LAUNCHERS, f"topology.launcher: must be one of {', '.join(LAUNCHERS)}, got '{t.launcher}'")
+    _require(t.master_port is None or 0 < t.master_port < 65536,
+             f"topology.master_port: must be a TCP port (1-65535) or null, got {t.master_port}")
+    _require(t.node_rank is None or 0 <= t.node_rank < t.nodes,
+             f"topology.node_rank: must be between 0 and topology.nodes - 1 ({t.nodes - 1}), got {t.node_rank}")
+    _require(t.nodes == 1 or t.world_size() % t.nodes == 0,
+             f"topology.nodes: {t.world_size()} ranks do not split evenly over {t.nodes} nodes")
+    if t.nodes > 1 and t.launcher == "no_ssh":
+        _require(bool(t.master_addr), "topology.master_addr: required with topology.launcher=no_ssh (node 0's "
+                                      "address, as every node reaches it)")

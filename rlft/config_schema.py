@@ -1,0 +1,209 @@
+"""The run configuration's schema: one dataclass per section, with named defaults a person can
+scan.  Loading and overrides: :mod:`rlft.config`; the checks across fields: :mod:`rlft.config_checks`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+# DeepSpeed's multi-node launchers (`deepspeed --launcher`), and its per-node mode without ssh.
+LAUNCHERS = ("pdsh", "slurm", "openmpi", "mpich", "impi", "mvapich", "no_ssh")
+
+
+class ConfigError(ValueError):
+    """A configuration mistake; the message names the key path."""
+
+
+# What marks a complete checkpoint directory (written last; rlft.runtime.checkpoint.STATE_FILE).
+CHECKPOINT_STATE_FILE = "trainer_state.json"
+
+
+@dataclass
+class ModelConfig:
+    path: str = "smollm2-135m-instruct"  # HF hub id, local HF directory, .gguf file, or the offline default
+    dtype: str = "auto"  # auto = bf16 on GPU, fp32 on CPU
+    attn_implementation: str = "sdpa"  # sdpa | eager
+    activation_checkpointing: bool = False
+    padding_side: str = "right"  # how rollout batches are padded for the policy: right | left
+
+
+@dataclass
+class DataConfig:
+    source: str = "gsm_symbolic"  # gsm_symbolic | reasoning_gym:TASK[?k=v&...] (generated) | openai/gsm8k | local .jsonl/.parquet/dir
+    train_split: str = "train"
+    eval_split: str = "test"
+    train_size: int | None = 2000  # None = the whole split (gsm_symbolic needs a size)
+    eval_size: int | None = 200
+    prompt_template: str = "r1_zero"
+    shuffle: bool = True
+
+
+@dataclass
+class VLLMConfig:
+    gpu_memory_utilization: float = 0.85
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    sleep_mode: bool = False  # free the engine's GPU memory between uses when it shares a GPU
+    kv_cache_memory_bytes: int | None = None  # CPU engines: KV cache size (default 256 MiB)
+
+
+@dataclass
+class SamplingConfig:
+    backend: str = "auto"  # auto picks vLLM when it is installed and supported
+    temperature: float = 1.0
+    top_p: float = 1.0
+    min_tokens: int = 4
+    max_tokens: int = 1024
+    stop: list[str] = field(default_factory=lambda: ["</answer>"])
+    include_stop_str_in_output: bool = True
+    repetition_penalty: float = 1.1
+    eval_temperature: float = 0.0  # evaluation is greedy by default
+    eval_max_tokens: int | None = None  # None = max_tokens
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+
+@dataclass
+class GRPOConfig:
+    group_size: int = 8
+    loss_type: str = "grpo_clip"
+    cliprange: float = 0.2
+    cliprange_high: float | None = None  # DAPO clip-higher upper bound (loss_type dapo)
+    advantage_eps: float = 1e-6
+    normalize_by_std: bool = True  # False + aggregation constant = Dr. GRPO
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    aggregation: str = "sequence"  # sequence (the original) | token | constant (Dr. GRPO)
+    old_logprobs: str = "policy"  # policy = the weights that sampled; reference = the original's frozen model
+    epochs_per_rollout: int = 1
+    # Dynamic sampling: draw fresh prompts until the step holds `rollout_batch_size / group_size`
+    # groups whose rewards differ (at most max_sampling_rounds rounds; then zero-variance groups fill in).
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 4
+    # Sampler vs trainer log-probs (rollout_mismatch/* is logged on every step).  tis = truncated
+    # importance sampling: the policy-gradient term of each token x min(pi_trainer / pi_sampler, cap).
+    rollout_is: str = "none"  # none | tis
+    rollout_is_cap: float = 2.0
+    # Responses cut by sampling.max_tokens (DAPO): filter = no loss on them; soft_penalty = reward
+    # - overlong_penalty x (how far into the last overlong_buffer tokens the response ran).
+    overlong: str = "none"  # none | filter | soft_penalty
+    overlong_buffer: int = 256  # tokens before max_tokens where the soft penalty starts
+    overlong_penalty: float = 1.0  # the soft penalty at max_tokens
+
+    @property
+    def needs_reference(self) -> bool:
+        """The frozen reference's log-probs enter the loss (KL, or the original's old log-probs)."""
+        return self.kl_coef > 0 or self.old_logprobs == "reference"
+
+    @property
+    def recomputes_old_logprobs(self) -> bool:
+        """Several optimizer steps per rollout: the sampling policy's log-probs are computed once
+        before the first (with one step they equal the current log-probs)."""
+        return self.epochs_per_rollout > 1 and self.old_logprobs == "policy"
+
+
+@dataclass
+class RewardConfig:
+    fn: str = "rlft.grader:r1_zero_reward_fn"  # the original R1-Zero reward: 1 = right format and answer
+    format_weight: float = 0.0  # shaping: + weight x format reward (0 = the original reward)
+    timeout_s: float = 1.0  # per response: a check that takes longer scores 0 and is counted
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    lr_schedule: str = "constant"  # constant | cosine (after warm-up)
+    rollout_batch_size: int = 256  # responses per step = prompts per step * group_size
+    train_micro_batch_size: int = 2  # sequences per pipeline micro-batch
+    # A step whose loss or gradient is not finite skips its update; this many in a row stop the run
+    # (exit status 1, no checkpoint of those steps, no model/ export).
+    max_nonfinite_steps: int = 3
+
+
+@dataclass
+class ScheduleConfig:
+    steps: int = 200
+    evaluate_freq: int = 10  # 0 = never (the final evaluation still runs)
+    evaluate_at_start: bool = False
+    save_every: int = 50  # 0 = only at epoch ends and at the end
+    sync_every: int = 1  # push policy weights to the sampler every N steps (and always before an evaluation)
+    # Training time budget of one launch (null = none): the step that would end past it becomes the last
+    # one (saved, exported, evaluated); launching again continues the run from there.
+    time_limit_minutes: float | None = None
+    log_samples_every: int = 10
+    num_logged_samples: int = 4
+
+
+@dataclass
+class TopologyConfig:
+    # Global ranks of the launch.  Policy ranks = pipeline_stages x data-parallel replicas.
+    policy_ranks: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
+    pipeline_stages: int = 5
+    sampler_rank: int = 7
+    reference_rank: int = 6
+    evaluator_rank: int = 5
+    nodes: int = 1  # >1: launch/train.sh expects a hostfile (output.hostfile)
+    # Several nodes: how DeepSpeed's launcher starts them (README, "Several nodes").  pdsh: over ssh
+    # from this node; slurm, openmpi, mpich, impi, mvapich: through that launcher; no_ssh: one launch
+    # per node (started by you or a scheduler), each with its topology.node_rank.
+    launcher: str = "pdsh"
+    launcher_args: str = ""  # extra arguments for the launcher itself (DeepSpeed's --launcher_args)
+    master_addr: str | None = None  # node 0 as every node reaches it (no_ssh: required)
+    master_port: int | None = None  # rank 0's store; None = a free port (one node) or 29500 (several)
+    node_rank: int | None = None  # no_ssh: this node's index, set on each node's command line
+    # Once training runs, the longest a rank waits on another (a collective, a silent heartbeat)
+    # before the launch stops, naming the silent rank.  Start-up (loading models) is not bounded by it.
+    collective_timeout_minutes: float = 10.0
+
+    def world_size(self) -> int:
+        """Ranks of one launch: every rank up to the highest one named."""
+        return max([*self.policy_ranks, self.sampler_rank, self.reference_rank, self.evaluator_rank]) + 1
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "runs/grpo"
+    init_checkpoint: str | None = None  # None = model.path; typically the SFT output's model/ directory
+    resume: str = "auto"  # auto | never | path to a checkpoint directory
+    hostfile: str | None = None
+    keep_checkpoints: int = 2  # newest complete checkpoints kept (0 = all)
+    # Resume only the policy's weights (the checkpoint's HF export), with a fresh optimizer: for a
+    # checkpoint written by another topology, whose DeepSpeed state cannot be loaded.
+    resume_weights_only: bool = False
+
+
+@dataclass
+class SFTConfig:
+    # Supervised fine-tuning (rlft.train_sft). Its step count comes from here; schedule.steps is GRPO's.
+    batch_size: int = 32  # sequences per optimizer step, all data-parallel replicas together
+    epochs: int = 1
+    max_steps: int | None = None  # set: exactly this many steps, whatever epochs says
+    max_seq_len: int = 1024  # prompt + target tokens; longer examples are skipped and counted
+    train_size: int | None = None  # the first N rows of the train split (None = all of it)
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    seed: int = 0
+    device: str = "auto"  # auto | cuda | cpu
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def world_size(self) -> int:
+        return self.topology.world_size()
