@@ -69,6 +69,9 @@ def summarize(steps: list[dict], evals: list[tuple[int, dict]], *, edge: int | N
     if rewards:
         k = edge or max(1, min(5, len(rewards) // 3))
         out.update(edge_steps=k, reward_first=sum(rewards[:k]) / k, reward_last=sum(rewards[-k:]) / k)
+        answers = [float(s["reward/answer"]) for s in steps if isinstance(s.get("reward/answer"), (int, float))]
+        if len(answers) == len(rewards) and answers != rewards:  # a shaped reward: the answer part alone too
+            out.update(answer_first=sum(answers[:k]) / k, answer_last=sum(answers[-k:]) / k)
     if evals:
         (s0, first), (s1, last) = evals[0], evals[-1]
         out.update(eval_first_step=s0, eval_last_step=s1, accuracy_first=first.get("accuracy"),
@@ -100,6 +103,8 @@ def summary_line(name: str, s: dict) -> str:
     if "reward_first" in s:
         parts.append(f"reward {s['reward_first']:.3f} (first {s['edge_steps']}) -> {s['reward_last']:.3f} "
                      f"(last {s['edge_steps']})")
+    if "answer_first" in s:
+        parts.append(f"right answers {s['answer_first']:.3f} -> {s['answer_last']:.3f}")
     if s.get("accuracy_first") is not None:
         parts.append(f"held-out accuracy {s['accuracy_first']:.3f} (step {s['eval_first_step']}) -> "
                      f"{s['accuracy_last']:.3f} (step {s['eval_last_step']})")

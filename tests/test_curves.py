@@ -55,3 +55,18 @@ def test_cli_writes_the_png_and_prints_the_before_after_line(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_runs([run, run], tmp_path / "two.png").stat().st_size > 1000
     assert main([str(tmp_path / "missing")]) == 2
+
+
+def test_a_shaped_reward_also_reports_the_right_answers_alone(tmp_path):
+    # reward = answer + 0.1 * format: the line shows both, so shaping cannot pass for learning.
+    run = tmp_path / "shaped"
+    run.mkdir()
+    rows = [(0.1, 0.0), (0.2, 0.1), (0.6, 0.5)]
+    (run / "steps.jsonl").write_text("\n".join(
+        json.dumps({"step": i + 1, "reward/mean": r, "reward/answer": a}) for i, (r, a) in enumerate(rows)))
+    s = summarize(read_steps(run), [])
+    assert math.isclose(s["answer_first"], 0.0) and math.isclose(s["answer_last"], 0.5)
+    assert main([str(run)]) == 0
+    # Unshaped runs (answer == reward, as in write_run's records without reward/answer) say nothing more.
+    plain = write_run(tmp_path / "plain", [0.0, 1.0, 1.0], [])
+    assert "answer_first" not in summarize(read_steps(plain), [])
