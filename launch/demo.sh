@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The offline default, start to finish on CPU: SmolLM2-135M-Instruct learns easy sums with GRPO.
 #
-#   bash launch/demo.sh            # about 10 minutes on 2 cores after the one-time set-up
+#   bash launch/demo.sh            # about 10 minutes on 2 idle cores after the one-time set-up
 #   tensorboard --logdir runs/demo # while it runs, or after
 #
 # 1. a short SFT warm start (4 steps) teaches the <think> ... </think> <answer> ... </answer> contract

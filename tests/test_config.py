@@ -469,7 +469,9 @@ def test_cpu_demo_config():
     assert cfg.sampling.backend == "hf"
     assert (cfg.grpo.group_size, cfg.optim.rollout_batch_size, cfg.optim.train_micro_batch_size) == (4, 16, 8)
     assert cfg.sampling.max_tokens == 32
-    assert (cfg.schedule.steps, cfg.schedule.evaluate_freq, cfg.schedule.evaluate_at_start) == (16, 8, True)
+    assert (cfg.schedule.steps, cfg.schedule.evaluate_freq, cfg.schedule.evaluate_at_start) == (32, 16, True)
+    # The shaping weight keeps the format while answers improve; the summary reports answers alone too.
+    assert (cfg.reward.format_weight, cfg.optim.lr) == (0.1, 1e-5)
     sft = load_config(CONFIGS / "sft_cpu_demo.yaml")
     assert (sft.output.dir + "/model", sft.data.source, sft.data.prompt_template) == (
         cfg.output.init_checkpoint, cfg.data.source, cfg.data.prompt_template)
