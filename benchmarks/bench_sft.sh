@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# SFT throughput of the Qwen2.5-1.5B shape (random bf16 weights) on one GPU: the train phase's MFU.
+#
+#   bash benchmarks/bench_sft.sh DATA_DIR [OUT]
+#
+# DATA_DIR  a local GSM8K copy (train.jsonl, test.jsonl): the (question, worked answer) pairs SFT learns.
+# Runs STEPS SFT steps of BATCH sequences (micro-batches of MICRO) with launch/configs/sft_1gpu.yaml,
+# summarises them with `python -m rlft.bench --from-run` (medians over the steps after the first; MFU
+# = 6 * N * tokens / (time/train * peak), the formula in rlft/bench/metrics.py) into OUT/bench.json,
+# and merges {"mfu", "train_tokens_per_s", "s_per_step"} into benchmarks/results/summary.json as sft_1p5b.
+#
+# Environment: PYTHON (default python3), STEPS (default 8), BATCH (default 64), MICRO (default 16),
+#   MODEL (default random-1.5b; tiny for a CPU smoke run), TOKENIZER (a tokenizer directory for the
+#   random model; default the offline model's).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+data="$1"
+out="${2:-benchmarks/runs/sft-$(date +%Y%m%d-%H%M%S)}"
+PYTHON="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+model=$("$PYTHON" -c "import sys; from rlft.bench.presets import resolve_bench_model; \
+print(resolve_bench_model(sys.argv[1], tokenizer_dir=sys.argv[2] or None))" "${MODEL:-random-1.5b}" "${TOKENIZER:-}" | tail -1)
+port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+"$PYTHON" -m deepspeed.launcher.runner --master_port "$port" --num_gpus 1 --module rlft.train_sft \
+  --config launch/configs/sft_1gpu.yaml model.path="$model" data.source="$data" \
+  sft.max_steps="${STEPS:-8}" sft.batch_size="${BATCH:-64}" optim.train_micro_batch_size="${MICRO:-16}" \
+  schedule.evaluate_freq=0 schedule.save_every=0 data.eval_size=8 sampling.backend=hf sampling.max_tokens=32 output.dir="$out/sft"
+"$PYTHON" -m rlft.bench --from-run "$out/sft" --json "$out/bench.json"
+"$PYTHON" - "$out/bench.json" <<'PY'
+import json, sys
+from rlft.bench.cli import DEFAULT_SUMMARY
+from rlft.bench.metrics import merge_summary
+result = json.load(open(sys.argv[1]))
+s = result["rlft"]["summary"]
+entry = {"mfu": s.get("train_mfu"), "train_tokens_per_s": s.get("train_tokens_per_s"), "s_per_step": s.get("step_s"),
+         "gpu": result["machine"].get("gpu"), "commit": (result.get("commit") or {}).get("sha"),
+         "batch": result["config"]["sft"]["batch_size"], "micro_batch": result["config"]["optim"]["train_micro_batch_size"]}
+merge_summary(DEFAULT_SUMMARY, "sft_1p5b", entry)
+print("sft_1p5b:", entry)
+PY
