@@ -153,6 +153,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         v = getattr(sch, name)
         _require(v >= 0, f"schedule.{name}: must be >= 0 (0 = off), got {v}")
     _require(sch.sync_every >= 1, f"schedule.sync_every: must be >= 1, got {sch.sync_every}")
+    _require(sch.max_staleness >= 0, f"schedule.max_staleness: must be >= 0 (0 = on-policy), got {sch.max_staleness}")
+    _require(sch.max_staleness == 0 or sch.sync_every == 1,
+             f"schedule.max_staleness: {sch.max_staleness} needs schedule.sync_every: 1 (got {sch.sync_every}); "
+             f"the batches ahead already bound how old the sampler's weights are")
     _require(cfg.output.resume in ("auto", "never") or bool(cfg.output.resume),
              "output.resume: must be auto, never or a checkpoint path")
     if cfg.output.resume not in ("auto", "never"):
@@ -194,6 +198,11 @@ def config_warnings(cfg: RunConfig, *, rollouts: bool = True) -> list[str]:
         found.append(f"sampling.temperature is 0 with grpo.group_size {g.group_size}: the responses to a prompt are "
                      f"identical, so every group's advantages are 0 and the policy learns nothing; sample with "
                      f"sampling.temperature > 0")
+    if rollouts and cfg.schedule.max_staleness and g.loss_type in ("no_baseline", "reinforce_with_baseline") \
+            and g.rollout_is == "none":
+        found.append(f"schedule.max_staleness is {cfg.schedule.max_staleness} with grpo.loss_type {g.loss_type}, "
+                     f"which has no importance ratio: batches sampled by older weights are used uncorrected; "
+                     f"set grpo.rollout_is: tis (or use grpo_clip)")
     source = Path(cfg.data.source).expanduser()
     if source.is_file():
         found.append(f"data.source {cfg.data.source} is a single file: the evaluation (data.eval_split) scores the "

@@ -132,6 +132,10 @@ class ScheduleConfig:
     evaluate_at_start: bool = False
     save_every: int = 50  # 0 = only at epoch ends and at the end
     sync_every: int = 1  # push policy weights to the sampler every N steps (and always before an evaluation)
+    # Asynchronous rollouts: the sampler generates up to this many batches ahead, with the weights it
+    # holds, while the policy trains (0 = strictly on-policy).  A batch is then at most this many
+    # optimizer steps old; the losses take the sampler's log-probs as the sampling policy's.
+    max_staleness: int = 0
     # Training time budget of one launch (null = none): the step that would end past it becomes the last
     # one (saved, exported, evaluated); launching again continues the run from there.
     time_limit_minutes: float | None = None

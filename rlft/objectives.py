@@ -48,9 +48,12 @@ class GRPOObjective:
 
     metric_names = (*POLICY_LOSS_METRIC_KEYS, "entropy", *ROLLOUT_MISMATCH_METRIC_KEYS)
 
-    def __init__(self, g: GRPOConfig, max_tokens: int):
+    def __init__(self, g: GRPOConfig, max_tokens: int, *, off_policy: bool = False):
+        """`off_policy`: batches may come from older weights (`schedule.max_staleness` > 0); the
+        ratio's old log-probs are then the sampler's own, those of the weights that sampled."""
         self.g = g
         self.max_tokens = max_tokens  # the constant of aggregation "constant" (Dr. GRPO)
+        self.off_policy = off_policy
         self.needs_old_logprobs = g.recomputes_old_logprobs
         self.needs_reference = g.needs_reference
         self.label_fields = ("response_mask", "advantages", "raw_rewards", "sampler_logprobs",
@@ -63,6 +66,9 @@ class GRPOObjective:
         g = self.g
         if g.old_logprobs == "reference":
             old = labels.ref_logprobs
+        elif self.off_policy:
+            # The batch may be several optimizer steps old: the sampling policy is the sampler's.
+            old = labels.sampler_logprobs
         elif g.epochs_per_rollout == 1:
             # One optimizer step per rollout: the weights that produce `logp` are the weights that
             # were synced to the sampler, so the old log-probs are exactly logp (ratio 1, same grads).

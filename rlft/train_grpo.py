@@ -33,9 +33,10 @@ def grpo_step(ctx: RankContext, step: int, last: bool = False) -> dict:
     metrics: dict = {}
     batch = None
 
-    # 1. Rollouts: the next prompts, group_size responses each, graded, with advantages (sampler rank).
+    # 1. Rollouts: the next prompts, group_size responses each, graded, with advantages (sampler rank);
+    #    with schedule.max_staleness > 0, the oldest batch collected ahead.
     if ctx.rollout is not None:
-        batch, rollout_metrics = ctx.rollout.collect(step, timed=ctx.timed)
+        batch, rollout_metrics = ctx.rollout.next_batch(step, timed=ctx.timed)
         metrics.update(rollout_metrics)
     batch = bridge.broadcast_object(batch, src=t.sampler_rank)
 
@@ -47,6 +48,11 @@ def grpo_step(ctx: RankContext, step: int, last: bool = False) -> dict:
                 ref = ctx.reference.logprobs(batch)
         batch.ref_logprobs = bridge.broadcast_object(ref, src=t.reference_rank)
 
+    # 2b. Asynchronous rollouts: the sampler collects the next batches with the weights it holds, while
+    #     the policy ranks go on to train on this one.
+    if ctx.rollout is not None and not last:
+        ctx.rollout.prefetch(step, cfg.schedule.steps, timed=ctx.timed)
+
     # 3. Policy update: old log-probs (several epochs per rollout only), then optimizer step(s).
     if ctx.policy is not None:
         with ctx.timed("train"):
@@ -57,6 +63,8 @@ def grpo_step(ctx: RankContext, step: int, last: bool = False) -> dict:
     if step % cfg.schedule.sync_every == 0 or evaluate:
         with ctx.timed("sync"):
             metrics.update(sync_weights(ctx))
+        if ctx.rollout is not None:
+            ctx.rollout.weights_synced(step)
 
     # 5. Evaluation on the held-out split.
     if evaluate:
@@ -79,6 +87,8 @@ def train(ctx: RankContext) -> None:
     start = resume_checkpoint(ctx)
     if start > 0 or cfg.schedule.evaluate_at_start:
         sync_weights(ctx)  # the engines start from the initial model; a resumed policy differs
+        if ctx.rollout is not None:
+            ctx.rollout.weights_synced(start)
     open_tracker(ctx, start)
     if cfg.schedule.evaluate_at_start and start == 0:
         report(ctx, 0, ctx.bridge.gather_objects(run_evaluation(ctx, 0), dst=0))
@@ -95,7 +105,8 @@ def run(ctx: RankContext) -> None:
     check_init_checkpoint(ctx.cfg.output.init_checkpoint)  # every rank, so all stop together
     resolve_start_model(ctx)
     write_resolved_config(ctx)
-    build_roles(ctx, GRPOObjective(ctx.cfg.grpo, ctx.cfg.sampling.max_tokens),
+    build_roles(ctx, GRPOObjective(ctx.cfg.grpo, ctx.cfg.sampling.max_tokens,
+                                   off_policy=ctx.cfg.schedule.max_staleness > 0),
                 batch_size=ctx.cfg.optim.rollout_batch_size, rollouts=True)
     ctx.bridge.barrier()
     train(ctx)

@@ -214,6 +214,45 @@ def test_several_epochs_per_rollout_use_the_sampling_policy_as_old(tiny_run, tmp
     assert all(s["ratio_max"] > 1.0 for s in moved)
 
 
+def test_async_sampler_works_ahead_and_a_resumed_run_keeps_the_prompt_order(tiny_run, tmp_path):
+    """The sampler on its own rank collects step t+1's batch while the policy trains on step t's.
+    Staleness is 0 for the first batch and 1 after; the ratio moves away from 1 on stale batches;
+    the prompt order is the on-policy run's, also after resuming from a checkpoint taken while a
+    batch was waiting (its prompts are drawn again)."""
+    from rlft.data import PromptSampler
+
+    common = (*tiny_run["common"][:2], *tiny_run["common"][3:], "schedule.max_staleness=1", "optim.lr=1e-3",
+              "schedule.evaluate_freq=0", "schedule.save_every=2")
+    first = tmp_path / "ahead"
+    res = launch(*common, f"output.dir={first}", "schedule.steps=3")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    steps = read_steps(first)
+    expected = PromptSampler(8, 2, seed=0)
+    order = [expected.next_batch() for _ in range(4)]
+    assert [s["prompt_indices"] for s in steps] == order[:3]
+    assert [s["rollout/staleness"] for s in steps] == [0.0, 1.0, 1.0]
+    # Step 1 is on-policy: sampler and trainer agree but for kernel noise (fp32 on CPU).
+    assert abs(steps[0]["ratio_max"] - 1) < 1e-3
+    # A stale batch whose sampling weights the previous step's update has since moved (a non-zero
+    # gradient: policy gradient or the KL term): the ratio is not 1, and the logged sampler-trainer
+    # mismatch shows the staleness.
+    moved = [s for before, s in zip(steps, steps[1:]) if before["grad_norm"] > 0]
+    assert moved, steps
+    for s in moved:
+        assert s["ratio_max"] > 1 + 1e-3 or abs(s["ratio_mean"] - 1) > 1e-3, s
+        assert s["rollout_mismatch/kl"] > 1e-4, s
+
+    # Resume from step 2's checkpoint, saved while step 3's batch waited in the queue.
+    second = tmp_path / "resumed"
+    res = launch(*common, f"output.dir={second}", "schedule.steps=4",
+                 f"output.resume={first / 'checkpoints' / 'step_000002'}")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    resumed = read_steps(second)
+    assert [s["step"] for s in resumed] == [3, 4]
+    assert [s["prompt_indices"] for s in resumed] == order[2:4]
+    assert [s["rollout/staleness"] for s in resumed] == [0.0, 1.0]
+
+
 # A reward function a user might write: 1 when the response holds a 7, else 0.25.
 SEVEN_REWARD = '''
 def reward(response, ground_truth):

@@ -5,11 +5,13 @@ re-tokenises model text.  Responses are laid out group-major: the `group_size` r
 prompt i sit at rows [i * group_size, (i + 1) * group_size).
 
 `RolloutWorker.collect` is the one place the step's training data comes from, and `grade` the one
-place rewards are computed: filtering or resampling groups, other reward functions and
-asynchronous rollouts belong in these two methods.
+place rewards are computed: filtering or resampling groups and other reward functions belong in
+these two methods.  Asynchronous rollouts (`schedule.max_staleness`) queue whole collected batches:
+`next_batch` hands out the oldest, `prefetch` collects ahead with the weights the engine holds.
 """
 from __future__ import annotations
 
+from collections import deque
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
 from typing import Callable
@@ -57,6 +59,16 @@ class Rollout:
         return Rollout(*([getattr(self, f.name)[i] for i in rows] for f in fields(self)))
 
 
+@dataclass
+class Ahead:
+    """A batch collected before its step (asynchronous rollouts)."""
+
+    batch: RolloutBatch
+    metrics: dict
+    weights_step: int  # the policy step whose weights sampled it
+    position: dict | None  # the prompt order's state before it was drawn (None: drawn at its own step)
+
+
 def sampling_spec(cfg: SamplingConfig, *, n: int, seed: int | None, evaluation: bool = False) -> SamplingSpec:
     """The engine's sampling parameters from the config (evaluation: greedy by default)."""
     return SamplingSpec(
@@ -98,10 +110,41 @@ class RolloutWorker:
                 f"grpo.group_size = {prompts_per_step} prompts; raise data.train_size or lower "
                 f"optim.rollout_batch_size")
         self.prompts = PromptSampler(len(self.examples), prompts_per_step, cfg.seed, shuffle=cfg.data.shuffle)
+        # Asynchronous rollouts: batches collected ahead, oldest first, each with the step whose weights
+        # the engine held when it sampled them and the prompt order's position before they were drawn.
+        self.ahead: deque[Ahead] = deque()
+        self.weights_step = 0  # the policy step whose weights the engine holds (0 = the starting model)
         log.info("sampler: %d training prompts (%s), %d per step, engine %s", len(self.examples),
                  cfg.data.source, prompts_per_step, type(engine).__name__)
 
     # ------------------------------------------------------------------ the step's batch
+
+    def next_batch(self, step: int, timed: Timer = _untimed) -> tuple[RolloutBatch, dict]:
+        """The batch the policy trains on at `step`: the oldest one collected ahead, or one collected
+        now.  Where batches can be old (`schedule.max_staleness` > 0 or `sync_every` > 1) its metrics say
+        how old: `rollout/staleness` = optimizer steps between the weights that sampled it and the
+        weights that train on it (0 = on-policy)."""
+        if self.ahead:
+            entry = self.ahead.popleft()
+        else:
+            batch, metrics = self.collect(step, timed)
+            entry = Ahead(batch, metrics, self.weights_step, None)
+        if self.cfg.schedule.max_staleness or self.cfg.schedule.sync_every > 1:
+            entry.metrics["rollout/staleness"] = float(step - 1 - entry.weights_step)
+        return entry.batch, entry.metrics
+
+    def prefetch(self, step: int, last_step: int, timed: Timer = _untimed) -> None:
+        """Collect the batches of the steps after `step` (up to `last_step`) until
+        `schedule.max_staleness` of them wait, with the weights the engine holds now; where the
+        sampler has its own device this overlaps the policy's update of `step`."""
+        while len(self.ahead) < self.cfg.schedule.max_staleness and step + len(self.ahead) < last_step:
+            position = self.prompts.state_dict()
+            batch, metrics = self.collect(step + len(self.ahead) + 1, timed)
+            self.ahead.append(Ahead(batch, metrics, self.weights_step, position))
+
+    def weights_synced(self, step: int) -> None:
+        """The engine now holds the policy's weights after `step`."""
+        self.weights_step = step
 
     def collect(self, step: int, timed: Timer = _untimed) -> tuple[RolloutBatch, dict]:
         """The step's graded batch with its advantages, and what to log about it (timed as the
@@ -229,7 +272,9 @@ class RolloutWorker:
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict:
-        return self.prompts.state_dict()
+        """The prompt order's position; batches collected ahead are not kept, so the position is the
+        one before they were drawn: a resumed run samples those prompts again, with its own weights."""
+        return self.ahead[0].position if self.ahead else self.prompts.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         self.prompts.load_state_dict(state)
