@@ -60,3 +60,16 @@ def test_config_rules():
                                   "grpo.rollout_is=tis"])
     assert not any("max_staleness" in w for w in config_warnings(corrected))
     assert not any("max_staleness" in w for w in config_warnings(build_config({}, ["schedule.max_staleness=2"])))
+
+
+@pytest.mark.parametrize("overrides, level", [
+    ([], 2),  # every step syncs before the engine generates again: its weights may be dropped
+    (["schedule.sync_every=2"], 1),  # a step without a sync samples with the weights it kept
+    (["schedule.max_staleness=1"], 1),  # the engine generates ahead, before the next sync
+])
+def test_the_engine_drops_its_weights_in_sleep_only_when_a_sync_replaces_them(overrides, level):
+    from rlft.roles.rollout import RolloutWorker
+
+    worker = RolloutWorker.__new__(RolloutWorker)  # the rule reads only the config
+    worker.cfg = build_config({}, overrides)
+    assert worker.sleep_level == level

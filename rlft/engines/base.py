@@ -140,8 +140,10 @@ class RolloutEngine(ABC):
         :func:`named_weights_checksum` of the source weights cast to the engine's dtype.
         """
 
-    def sleep(self) -> None:
-        """Free accelerator memory while another role uses the device (no-op by default)."""
+    def sleep(self, level: int = 1) -> None:
+        """Free accelerator memory while another role uses the device (no-op by default).  Level 1
+        keeps the weights (in host memory); level 2 drops them: only for an engine whose weights
+        are all replaced (`update_weights`) before it generates again."""
 
     def wake(self) -> None:
         """Undo :meth:`sleep` (no-op by default)."""

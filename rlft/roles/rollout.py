@@ -119,6 +119,16 @@ class RolloutWorker:
 
     # ------------------------------------------------------------------ the step's batch
 
+    @property
+    def sleep_level(self) -> int:
+        """How deeply the engine sleeps between steps (with `sampling.vllm.sleep_mode`).  When every
+        step syncs the policy's weights into it before it generates again (`schedule.sync_every: 1`
+        and no batches collected ahead), level 2: its weights are dropped, not copied to host memory
+        and back (3-4 GB each way for a 1.5B model), since the sync replaces them all (its checksum
+        proves it).  Otherwise level 1, which keeps them."""
+        s = self.cfg.schedule
+        return 2 if s.sync_every == 1 and s.max_staleness == 0 else 1
+
     def next_batch(self, step: int, timed: Timer = _untimed) -> tuple[RolloutBatch, dict]:
         """The batch the policy trains on at `step`: the oldest one collected ahead, or one collected
         now.  Where batches can be old (`schedule.max_staleness` > 0 or `sync_every` > 1) its metrics say
@@ -174,7 +184,7 @@ class RolloutWorker:
             if pool.full:
                 break
         if cfg.sampling.vllm.sleep_mode:
-            self.engine.sleep()  # give the GPU's memory to the policy until the next sync
+            self.engine.sleep(level=self.sleep_level)  # give the GPU's memory to the policy until the next sync
         if g.dynamic_sampling:
             metrics.update(pool.stats())
             metrics.update(all_rollouts_metrics(grades))
