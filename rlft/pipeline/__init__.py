@@ -12,7 +12,8 @@ and right padding), RoPE tables and the causal+padding attention mask from the a
 (:class:`StageContext`), so nothing float but the hidden state has to cross a stage boundary
 (DeepSpeed expects a gradient for every float tensor it sends).
 
-The last stage never materialises more than one fp32 ``[B,T,V]`` tensor: it returns the log-prob of
+The last stage never materialises an fp32 ``[B,T,V]`` tensor (the vocabulary is handled a chunk of
+tokens at a time, :mod:`rlft.pipeline.token_logprobs`): it returns the log-prob of
 each next token, ``logp[b, t] = log p(input_ids[b, t+1] | input_ids[b, :t+1])`` (``[B,T-1]``, fp32),
 and, optionally, the entropy of each next-token distribution (``[B,T-1]``, fp32, detached). The
 stage's output is the tuple ``(logp, entropy)``, or ``(logp,)`` without entropy; it is what the
@@ -23,8 +24,9 @@ Weights move in and out under HF names (``model.embed_tokens.weight``, ``model.l
 needs, :func:`export_hf_state_dict` gives a stage's parameters under those names, so that the stages'
 exports merge into a state dict ``from_pretrained`` accepts, or stream into a sampler.
 
-Modules: ``stages.py`` (partition and stage layers), ``module.py`` (:class:`PolicyPipeline`, feeding
-the engine), ``weights.py`` (HF names in and out).
+Modules: ``stages.py`` (partition and stage layers), ``token_logprobs.py`` (log-probs over the
+vocabulary in chunks), ``module.py`` (:class:`PolicyPipeline`, feeding the engine), ``weights.py``
+(HF names in and out).
 """
 
 from rlft.pipeline.module import PolicyPipeline, build_policy_pipeline, pipeline_batch_iter, pipeline_logprobs

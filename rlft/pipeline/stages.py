@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from deepspeed.pipe import LayerSpec, TiedLayerSpec
+
+from rlft.pipeline.token_logprobs import next_token_logprobs
 
 # Families whose causal LM is exactly embed -> decoder layers -> RMSNorm -> lm_head, with RoPE
 # computed from position ids; others (e.g. Gemma's scaled embeddings) would silently diverge.
@@ -134,30 +135,6 @@ def attention_bias(attention_mask: torch.Tensor, implementation: str, dtype: tor
         return allowed
     bias = torch.zeros(allowed.shape, dtype=dtype, device=attention_mask.device)
     return bias.masked_fill(~allowed, torch.finfo(dtype).min)
-
-
-def next_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor,
-                        compute_entropy: bool) -> tuple[torch.Tensor, ...]:
-    """Log-probs of the observed next tokens, and optionally the entropy, from final hidden states.
-
-    Args:
-        hidden: ``[B,T,H]`` final-norm output.
-        weight: ``[V,H]`` output projection (lm_head or tied embedding).
-        input_ids: ``[B,T]`` long.
-    Returns:
-        ``(logp,)`` or ``(logp, entropy)``, each ``[B,T-1]`` fp32; entropy is detached.
-    """
-    logits = F.linear(hidden[:, :-1], weight)  # [B,T-1,V] in the model dtype; never kept
-    # log_softmax upcasts internally and is the only fp32 [B,T-1,V] tensor autograd keeps.
-    logp_all = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-    del logits
-    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    if not compute_entropy:
-        return (logp,)
-    with torch.no_grad():
-        # Row by row, so the temporary p*log p is [T-1,V] rather than another [B,T-1,V].
-        entropy = torch.stack([-(row.exp() * row).sum(-1) for row in logp_all])
-    return logp, entropy
 
 
 class EmbeddingPipe(nn.Module):

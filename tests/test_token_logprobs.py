@@ -1,0 +1,82 @@
+"""Log-probs over the vocabulary in chunks: the same values, entropies and gradients as the plain
+``log_softmax(hidden @ W.T)``, whatever the chunk size."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rlft.pipeline.token_logprobs import default_chunk_tokens, next_token_logprobs
+
+
+def plain(hidden, weight, ids):
+    logp_all = torch.log_softmax(F.linear(hidden[:, :-1], weight), dim=-1, dtype=torch.float32)
+    return logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 18, 100])  # 3 x 6 = 18 tokens: one chunk, several, ragged
+def test_values_entropy_and_gradients_equal_the_plain_computation(chunk):
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 7, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    ids = torch.randint(0, 50, (3, 7))
+    upstream = torch.randn(3, 6)
+    want_logp, want_entropy = plain(hidden, weight, ids)
+    (want_logp * upstream).sum().backward()
+    want_grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+
+    logp, entropy = next_token_logprobs(hidden, weight, ids, compute_entropy=True, chunk_tokens=chunk)
+    (logp * upstream).sum().backward()
+    assert logp.shape == entropy.shape == (3, 6) and logp.dtype == torch.float32
+    torch.testing.assert_close(logp, want_logp, atol=2e-6, rtol=1e-6)
+    torch.testing.assert_close(entropy, want_entropy, atol=1e-5, rtol=1e-5)  # two fp32 roundings of H
+    assert not entropy.requires_grad
+    torch.testing.assert_close(hidden.grad, want_grads[0], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(weight.grad, want_grads[1], atol=2e-6, rtol=1e-5)
+
+
+def test_a_tied_weight_collects_both_gradients():
+    # The tied embedding is both the input table and the output projection: its gradient is the sum.
+    torch.manual_seed(1)
+    table = torch.randn(30, 8, requires_grad=True)
+    ids = torch.randint(0, 30, (2, 5))
+    logp, = next_token_logprobs(F.embedding(ids, table) * 2, table, ids, compute_entropy=False, chunk_tokens=3)
+    logp.sum().backward()
+    got = table.grad.clone()
+    table.grad = None
+    want, _ = plain(F.embedding(ids, table) * 2, table, ids)
+    want.sum().backward()
+    torch.testing.assert_close(got, table.grad, atol=2e-6, rtol=1e-5)
+
+
+def test_bfloat16_stays_within_its_precision():
+    torch.manual_seed(2)
+    hidden = torch.randn(2, 9, 32, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)
+    ids = torch.randint(0, 64, (2, 9))
+    want, _ = plain(hidden, weight, ids)
+    want.sum().backward()
+    want_w = weight.grad.float().clone()
+    weight.grad = None
+    logp, = next_token_logprobs(hidden, weight, ids, compute_entropy=False, chunk_tokens=4)
+    logp.sum().backward()
+    torch.testing.assert_close(logp, want, atol=1e-5, rtol=1e-5)  # the same bf16 logits, fp32 reductions
+    assert weight.grad.dtype == torch.bfloat16
+    assert (weight.grad.float() - want_w).abs().max() <= 0.01 * want_w.abs().max()
+
+
+def test_default_chunk_is_256_mib_of_fp32_logits():
+    assert default_chunk_tokens(151936) == 441 and default_chunk_tokens(1) == 1 << 26
+
+
+def test_small_batches_take_the_plain_way_and_large_ones_chunk(monkeypatch):
+    import rlft.pipeline.token_logprobs as tl
+
+    calls = []
+    monkeypatch.setattr(tl._ChunkedTokenLogprobs, "apply", lambda *a: calls.append(a[3]) or
+                        (torch.zeros(a[0].shape[0]), torch.zeros(0)))
+    hidden, weight, ids = torch.randn(2, 5, 4), torch.randn(10, 4), torch.randint(0, 10, (2, 5))
+    next_token_logprobs(hidden, weight, ids, compute_entropy=False)  # 8 x 10 logits: plain
+    assert calls == []
+    monkeypatch.setattr(tl, "PLAIN_MAX_ELEMENTS", 79)  # one fewer than 8 x 10
+    next_token_logprobs(hidden, weight, ids, compute_entropy=False)
+    assert calls == [tl.default_chunk_tokens(10)]
