@@ -237,3 +237,11 @@ def test_cpu_run_writes_the_result_json(tmp_path, gsm8k_dir):
     assert main(["--from-run", str(out / "rlft"), "--workload", "tiny", "--json", str(again),
                  "--peak-tflops", "0.05"]) == 0
     assert json.loads(again.read_text())["rlft"]["summary"]["step_s"] == s["step_s"]
+
+
+def test_results_name_files_in_the_checkout_relative_to_it(tmp_path):
+    from rlft.bench.cli import REPO, repo_path
+
+    assert repo_path(str(REPO / "launch" / "configs" / "grpo_1gpu.yaml")) == "launch/configs/grpo_1gpu.yaml"
+    assert repo_path(str(tmp_path / "x.yaml")) == str(tmp_path / "x.yaml")
+    assert repo_path(None) is None

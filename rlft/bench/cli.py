@@ -115,6 +115,15 @@ def bench_overrides(w: Workload, *, model_dir: str, data: str, steps: int, backe
     ]
 
 
+def repo_path(path: str | None) -> str | None:
+    """How a result names a file: relative to the checkout when inside it (results are committed and
+    read on other machines), as given otherwise."""
+    if path is None:
+        return None
+    p = Path(path).resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(path)
+
+
 def base_config(args: argparse.Namespace, use_gpu: bool, gpus: int) -> str | None:
     if args.config:
         return args.config
@@ -332,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         config_path = out / "rlft_config.yaml"
         save_config(cfg, config_path)
-        result["rlft"] = {"base_config": base, "overrides": overrides, "config_file": str(config_path),
+        result["rlft"] = {"base_config": repo_path(base), "overrides": overrides, "config_file": str(config_path),
                           "out_dir": str(run_dir)}
         result["rlft"].update(launch_rlft(config_path, cfg, out, use_gpu, args.timeout))
 
