@@ -21,9 +21,8 @@ import time
 
 def measure(mode: str, tokens: int, hidden: int, vocab: int, dtype: str, repeats: int) -> dict:
     import torch
-    import torch.nn.functional as F
 
-    from rlft.pipeline.token_logprobs import default_chunk_tokens, next_token_logprobs
+    from rlft.pipeline.token_logprobs import default_chunk_tokens, next_token_logprobs, plain_next_token_logprobs
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dt = getattr(torch, dtype)
@@ -34,8 +33,7 @@ def measure(mode: str, tokens: int, hidden: int, vocab: int, dtype: str, repeats
 
     def step():
         if mode == "plain":
-            lp = torch.log_softmax(F.linear(h[:, :-1], w), dim=-1, dtype=torch.float32)
-            logp = lp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+            logp, = plain_next_token_logprobs(h, w, ids, compute_entropy=False)
         else:
             logp, = next_token_logprobs(h, w, ids, compute_entropy=False, chunk_tokens=default_chunk_tokens(vocab))
         logp.sum().backward()

@@ -51,6 +51,23 @@ def write_gsm8k_dir(path: Path, splits: dict[str, list[tuple[str, str]]]) -> Pat
     return path
 
 
+def taught_sums(root: Path, *, teach_steps: int, test_size: int) -> tuple[Path, Path]:
+    """A tiny 4-layer model taught to answer "What is a plus b?" with 5 or 7 in the right format,
+    and the 8 questions as a GSM8K-layout directory (half of them answered 5, half 7; the first
+    `test_size` in the test split): groups mix rewards 0 and 1, so the policy gradient is not zero.
+    Returns (model directory, data directory)."""
+    from rlft.prompts import format_prompt
+    from tiny_models import tiny_model_dir
+
+    model = tiny_model_dir(root / "model", family="llama", num_layers=4, tie_word_embeddings=True)
+    questions = [f"What is {a} plus {b}?" for a, b in zip(range(1, 9), range(3, 11))]
+    teach_answer_format(model, [format_prompt(q, "r1_short") for q in questions], ["5", "7"], steps=teach_steps)
+    data = write_gsm8k_dir(root / "gsm8k", {
+        "train": [(q, "5" if i % 2 else "7") for i, q in enumerate(questions)],
+        "test": [(q, "5") for q in questions[:test_size]]})
+    return Path(model), data
+
+
 @pytest.fixture(scope="session")
 def gsm8k_dir() -> Path:
     """The committed GSM8K fixture: a directory holding train.jsonl and test.jsonl."""

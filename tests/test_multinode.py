@@ -110,17 +110,10 @@ def read_steps(out: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from conftest import teach_answer_format, write_gsm8k_dir
-    from rlft.prompts import format_prompt
-    from tiny_models import tiny_model_dir
+    from conftest import taught_sums
 
     root = tmp_path_factory.mktemp("two_nodes")
-    model = tiny_model_dir(root / "model", family="llama", num_layers=4, tie_word_embeddings=True)
-    questions = [f"What is {a} plus {b}?" for a, b in zip(range(1, 9), range(3, 11))]
-    teach_answer_format(model, [format_prompt(q, "r1_short") for q in questions], ["5", "7"], steps=60)
-    data = write_gsm8k_dir(root / "gsm8k", {
-        "train": [(q, "5" if i % 2 else "7") for i, q in enumerate(questions)],
-        "test": [(q, "5") for q in questions[:2]]})
+    model, data = taught_sums(root, teach_steps=60, test_size=2)
     common = (f"model.path={model}", f"data.source={data}", "data.train_size=8", "data.eval_size=2",
               "data.prompt_template=r1_short", "sampling.max_tokens=16", "sampling.repetition_penalty=1.0",
               "grpo.group_size=2", "optim.rollout_batch_size=4", "optim.train_micro_batch_size=2",

@@ -32,19 +32,10 @@ def read_steps(out: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from conftest import teach_answer_format, write_gsm8k_dir
-    from rlft.prompts import format_prompt
-    from tiny_models import tiny_model_dir
+    from conftest import taught_sums
 
     root = tmp_path_factory.mktemp("grpo")
-    model = tiny_model_dir(root / "model", family="llama", num_layers=4, tie_word_embeddings=True)
-    # Short questions whose answers are 5 or 7; the model is taught to answer either, in the right
-    # format, so groups mix rewards 0 and 1 and the policy gradient is not zero.
-    questions = [f"What is {a} plus {b}?" for a, b in zip(range(1, 9), range(3, 11))]
-    teach_answer_format(model, [format_prompt(q, "r1_short") for q in questions], ["5", "7"], steps=100)
-    data = write_gsm8k_dir(root / "gsm8k", {
-        "train": [(q, "5" if i % 2 else "7") for i, q in enumerate(questions)],
-        "test": [(q, "5") for q in questions[:4]]})
+    model, data = taught_sums(root, teach_steps=100, test_size=4)
     out = root / "run"
     common = (f"model.path={model}", f"data.source={data}", f"output.dir={out}",
               "sampling.repetition_penalty=1.0",  # the taught answer repeats prompt tokens

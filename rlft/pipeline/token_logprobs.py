@@ -72,7 +72,8 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         return grad_hidden, (None if grad_weight is None else grad_weight.to(weight.dtype)), None, None, None
 
 
-def _plain(hidden, weight, input_ids, compute_entropy: bool) -> tuple[torch.Tensor, ...]:
+def plain_next_token_logprobs(hidden, weight, input_ids, compute_entropy: bool) -> tuple[torch.Tensor, ...]:
+    """The whole vocabulary at once: ``log_softmax`` over ``[B,T-1,V]`` in fp32, then a gather."""
     logits = F.linear(hidden[:, :-1], weight)  # [B,T-1,V] in the model dtype; never kept
     # log_softmax upcasts internally and is the only fp32 [B,T-1,V] tensor autograd keeps.
     logp_all = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
@@ -101,7 +102,7 @@ def next_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, input_ids: t
     """
     b, t, h = hidden.shape
     if chunk_tokens is None and b * (t - 1) * weight.shape[0] <= PLAIN_MAX_ELEMENTS:
-        return _plain(hidden, weight, input_ids, compute_entropy)
+        return plain_next_token_logprobs(hidden, weight, input_ids, compute_entropy)
     chunk = chunk_tokens or default_chunk_tokens(weight.shape[0])
     flat = hidden[:, :-1].reshape(b * (t - 1), h)
     targets = input_ids[:, 1:].reshape(-1)
