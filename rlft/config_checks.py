@@ -31,7 +31,7 @@ def _require(ok: bool, message: str) -> None:
 
 
 def _check_reward(r: RewardConfig) -> None:
-    from rlft.rewards import validate_format_weight, validate_reward_fn
+    from rlft.reward.functions import validate_format_weight, validate_reward_fn
 
     try:
         validate_reward_fn(r.fn)

@@ -104,7 +104,7 @@ class GRPOConfig:
 
 @dataclass
 class RewardConfig:
-    fn: str = "rlft.grader:r1_zero_reward_fn"  # the original R1-Zero reward: 1 = right format and answer
+    fn: str = "rlft.reward.grader:r1_zero_reward_fn"  # the original R1-Zero reward: 1 = right format and answer
     format_weight: float = 0.0  # shaping: + weight x format reward (0 = the original reward)
     timeout_s: float = 1.0  # per response: a check that takes longer scores 0 and is counted
 

@@ -1,4 +1,4 @@
-"""Tests for rlft.grader: R1-Zero format, answer equivalence, and safety against hostile outputs."""
+"""Tests for rlft.reward.grader: R1-Zero format, answer equivalence, and safety against hostile outputs."""
 
 import os
 import time
@@ -6,17 +6,9 @@ from fractions import Fraction
 
 import pytest
 
-from rlft._grader_worker import is_safe_for_symbolic
-from rlft.grader import (
-    Grader,
-    default_grader,
-    extract_answer_text,
-    extract_boxed,
-    grade_batch,
-    normalize_number,
-    parse_number_form,
-    r1_zero_reward_fn,
-)
+from rlft.reward.worker import is_safe_for_symbolic
+from rlft.reward.answers import extract_answer_text, extract_boxed, normalize_number, parse_number_form
+from rlft.reward.grader import Grader, default_grader, grade_batch, r1_zero_reward_fn
 
 RIGHT = {"format_reward": 1.0, "answer_reward": 1.0, "reward": 1.0}
 WRONG = {"format_reward": 1.0, "answer_reward": 0.0, "reward": 0.0}

@@ -1,4 +1,4 @@
-"""Tests for rlft.rewards: the default reward unchanged, format shaping, and custom reward
+"""Tests for rlft.reward.functions: the default reward unchanged, format shaping, and custom reward
 functions run (and cut off) in the grader's worker processes."""
 
 import os
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from rlft.grader import Grader, grade_batch
-from rlft.rewards import DEFAULT_REWARD_FN, make_reward_fn, validate_format_weight, validate_reward_fn
+from rlft.reward.grader import Grader, grade_batch
+from rlft.reward.functions import DEFAULT_REWARD_FN, make_reward_fn, validate_format_weight, validate_reward_fn
 
 # A module of custom reward functions, written to a directory that only this process's sys.path
 # knows about: the workers must be given it.

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from rlft.models import ensure_pad_token
-    from rlft.rewards import make_reward_fn
+    from rlft.reward.functions import make_reward_fn
 
     out = Path(spec["out_dir"])
     out.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 from rlft.config import ConfigError, RunConfig
 from rlft.data import Example, load_examples
 from rlft.engines.base import RolloutEngine, SamplingSpec
-from rlft.grader import grade_batch
+from rlft.reward.grader import grade_batch
 from rlft.prompts import drop_long_prompts, format_prompt
 from rlft.roles.rollout import sampling_spec
 

@@ -24,11 +24,11 @@ from rlft.config import ConfigError, RunConfig, SamplingConfig
 from rlft.data import Example, PromptSampler, load_examples
 from rlft.dynamic_sampling import GroupPool, group_rows, informative_groups
 from rlft.engines.base import RolloutEngine, SamplingSpec
-from rlft.grader import default_grader
+from rlft.reward.grader import default_grader
 from rlft.grpo import compute_group_normalized_rewards
 from rlft.overlong import soft_overlong_penalty, truncated_rows
 from rlft.prompts import drop_long_prompts, format_prompt
-from rlft.rewards import make_reward_fn
+from rlft.reward.functions import make_reward_fn
 
 Timer = Callable[[str], AbstractContextManager]
 # Grader counters logged per step as grader/<name>.

@@ -2,7 +2,7 @@
 
 ``<think> ... </think> <answer> ... </answer>``: :func:`extract_answer_text` takes the text after
 the last ``<answer>`` (and the last ``\\boxed{}``'s content if it has one);
-:func:`parse_number_form` reads the number forms that count as a number (see :mod:`rlft.grader`
+:func:`parse_number_form` reads the number forms that count as a number (see :mod:`rlft.reward.grader`
 for the list); :func:`decide_in_process` gives the exact-number verdict that decides most answers
 without a worker process.  Nothing here evaluates model text.
 """
@@ -14,7 +14,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Sequence, Union
 
-from rlft._grader_worker import MAX_SYMBOLIC_CHARS
+from rlft.reward.worker import MAX_SYMBOLIC_CHARS
 
 GroundTruth = Union[str, int, float, Sequence[Union[str, int, float]]]
 

@@ -1,8 +1,8 @@
-"""The grader's worker processes: a small pool of ``python -m rlft._grader_worker`` children that
+"""The grader's worker processes: a small pool of ``python -m rlft.reward.worker`` children that
 run jobs (math_verify checks, custom reward calls) under per-item deadlines, killing and replacing
 a worker that passes its deadline, dies or stops answering.
 
-:class:`WorkerPool` is the mechanism; :class:`rlft.grader.Grader` decides what the jobs are.
+:class:`WorkerPool` is the mechanism; :class:`rlft.reward.grader.Grader` decides what the jobs are.
 """
 
 from __future__ import annotations
@@ -74,11 +74,11 @@ class _Task:
 
 
 class _Worker:
-    """One ``python -m rlft._grader_worker`` child and its line-based JSON channel."""
+    """One ``python -m rlft.reward.worker`` child and its line-based JSON channel."""
 
     def __init__(self, env: dict[str, str]):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlft._grader_worker"],
+            [sys.executable, "-m", "rlft.reward.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -439,7 +439,7 @@ class WorkerPool:
         if self._failed_starts >= _FAILED_STARTS_BEFORE_ERROR:
             self._failed_starts = 0
             raise RuntimeError(
-                f"the symbolic grader worker (python -m rlft._grader_worker) failed to start "
+                f"the symbolic grader worker (python -m rlft.reward.worker) failed to start "
                 f"{_FAILED_STARTS_BEFORE_ERROR} times in a row; its error output is above "
                 f"(is the math-verify package installed for {sys.executable}?)"
             )

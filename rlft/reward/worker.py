@@ -1,5 +1,5 @@
 """Isolated symbolic-equivalence checker and reward-function runner, run as a child process of
-:class:`rlft.grader.Grader`.
+:class:`rlft.reward.grader.Grader`.
 
 The parent process grades everything it can with exact number normalisation; only answers
 that need symbolic reasoning (``\\frac{1}{2}`` against ``0.5``, ``\\sqrt{4}`` against ``2``) are
@@ -17,7 +17,7 @@ Safety rules kept by this module:
 * The process caps its own address space and CPU time, so a runaway computation dies even if
   the parent has gone.
 
-The same process runs custom reward functions (:mod:`rlft.rewards`) so that they, too, can be
+The same process runs custom reward functions (:mod:`rlft.reward.functions`) so that they, too, can be
 cut off at a deadline: a function is imported once per worker (a ``load`` request, given the
 start-up time bound rather than a check's), then called per item.
 

@@ -24,14 +24,14 @@ Answer equivalence is decided in two tiers:
    notation are not number forms either.
 2. **Symbolic, in a worker process.** A ground truth that is not a number (``\\sqrt{2}``,
    ``x+1``) is compared with ``math_verify`` in a long-lived child process
-   (:mod:`rlft._grader_worker`). sympy can run for minutes on hostile input and ignores signals
+   (:mod:`rlft.reward.worker`). sympy can run for minutes on hostile input and ignores signals
    inside C loops, so each check gets a deadline and a worker that passes it is killed and
    replaced. (``fast=False`` also sends two numbers that differ exactly, for math_verify's
    6-decimal float comparison.)
 
 The same workers run custom reward functions (:meth:`Grader.call_batch`, used by
-:mod:`rlft.rewards`) under the same deadlines. Answer extraction and number forms live in
-:mod:`rlft.answers`, the worker processes in :mod:`rlft.grader_pool`.
+:mod:`rlft.reward.functions`) under the same deadlines. Answer extraction and number forms live in
+:mod:`rlft.reward.answers`, the worker processes in :mod:`rlft.reward.pool`.
 
 Model text is never evaluated as code: the symbolic path uses only math_verify's LaTeX grammar
 (never ``sympy.parse_expr``/``sympify``, which call ``eval``), and text that looks like code,
@@ -48,34 +48,21 @@ import sys
 import threading
 from typing import Sequence
 
-from rlft._grader_worker import is_safe_for_symbolic
-from rlft.answers import (
-    ANSWER_CLOSE,
-    ANSWER_OPEN,
+from rlft.reward.worker import is_safe_for_symbolic
+from rlft.reward.answers import (
     MAX_ANSWER_CHARS,
-    THINK_ANSWER_SEPARATOR,
     GroundTruth,
     decide_in_process,
-    extract_answer_text,
-    extract_boxed,
     ground_truth_texts,
-    normalize_number,
-    parse_number_form,
     split_response,
 )
-from rlft.grader_pool import (
+from rlft.reward.pool import (
     DEFAULT_START_TIMEOUT,
     DEFAULT_TIMEOUT_PER_ITEM,
     GradeStats,
     WorkerPool,
     _Job,
 )
-
-__all__ = [  # the grader's public names, wherever they are defined
-    "ANSWER_CLOSE", "ANSWER_OPEN", "DEFAULT_START_TIMEOUT", "DEFAULT_TIMEOUT_PER_ITEM", "GradeStats", "Grader",
-    "GroundTruth", "MAX_ANSWER_CHARS", "THINK_ANSWER_SEPARATOR", "default_grader", "extract_answer_text",
-    "extract_boxed", "grade_batch", "normalize_number", "parse_number_form", "r1_zero_reward_fn",
-]
 
 
 def _reward(format_ok: bool, correct: bool) -> dict[str, float]:
@@ -90,7 +77,7 @@ RIGHT_ANSWER = _reward(True, True)
 
 
 class Grader(WorkerPool):
-    """Grades responses on a :class:`~rlft.grader_pool.WorkerPool` of killable worker processes.
+    """Grades responses on a :class:`~rlft.reward.pool.WorkerPool` of killable worker processes.
 
     Workers run math_verify checks (:meth:`grade_batch`) and custom reward functions
     (:meth:`call_batch`). They start lazily (only when an answer needs math_verify or a custom
@@ -177,7 +164,7 @@ class Grader(WorkerPool):
         ``fn(response, ground_truth)`` is imported once per worker (within ``start_timeout``;
         ``path``, default this process's ``sys.path``, is appended to the worker's first) and
         called per item; its return value is checked by
-        :func:`rlft._grader_worker.reward_value`. Returns, per item, ``{"reward"}`` plus the
+        :func:`rlft.reward.worker.reward_value`. Returns, per item, ``{"reward"}`` plus the
         ``"format_reward"``/``"answer_reward"`` the function gave, or None for an item whose call
         raised (``last_batch_stats.errors``), passed ``timeout_per_item`` (``timed_out``), killed
         its worker (``crashed``) or was not reached by ``total_timeout`` (``unfinished``).

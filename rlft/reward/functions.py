@@ -3,12 +3,12 @@
 A reward is chosen by a ``"package.module:function"`` string (``reward.fn``) and built once with
 :func:`make_reward_fn`; the result grades a whole rollout per call::
 
-    reward_fn = make_reward_fn("rlft.grader:r1_zero_reward_fn", format_weight=0.0)
+    reward_fn = make_reward_fn("rlft.reward.grader:r1_zero_reward_fn", format_weight=0.0)
     grades = reward_fn(responses, ground_truths)   # [{"reward", "format_reward", "answer_reward"}]
     reward_fn.last_batch_stats                      # GradeStats of that call (timeouts, errors, ...)
 
-**The default** (:data:`DEFAULT_REWARD_FN`) is :meth:`rlft.grader.Grader.grade_batch` on the
-process-wide :func:`rlft.grader.default_grader`, exactly as before: with ``format_weight=0`` the
+**The default** (:data:`DEFAULT_REWARD_FN`) is :meth:`rlft.reward.grader.Grader.grade_batch` on the
+process-wide :func:`rlft.reward.grader.default_grader`, exactly as before: with ``format_weight=0`` the
 rewards are the original ones.
 
 **A custom function** has the per-item contract::
@@ -42,10 +42,11 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
-from rlft._grader_worker import import_function
-from rlft.grader import DEFAULT_TIMEOUT_PER_ITEM, GradeStats, Grader, default_grader
+from rlft.reward.worker import import_function
+from rlft.reward.grader import Grader, default_grader
+from rlft.reward.pool import DEFAULT_TIMEOUT_PER_ITEM, GradeStats
 
-DEFAULT_REWARD_FN = "rlft.grader:r1_zero_reward_fn"
+DEFAULT_REWARD_FN = "rlft.reward.grader:r1_zero_reward_fn"
 RewardFn = Callable[[Sequence[str], Sequence], list]
 
 _ZERO = {"format_reward": 0.0, "answer_reward": 0.0, "reward": 0.0}
@@ -71,7 +72,7 @@ def validate_format_weight(format_weight: float) -> float:
 
 def format_ok(response: str) -> bool:
     """The R1-Zero format check: the response holds ``"</think> <answer>"`` and ``"</answer>"``."""
-    from rlft.grader import ANSWER_CLOSE, THINK_ANSWER_SEPARATOR
+    from rlft.reward.answers import ANSWER_CLOSE, THINK_ANSWER_SEPARATOR
 
     return THINK_ANSWER_SEPARATOR in response and ANSWER_CLOSE in response
 
@@ -81,7 +82,7 @@ class BatchReward:
 
     Calling it with ``responses`` and ``ground_truths`` (same length) returns one dict per
     response with float ``"reward"``, ``"format_reward"`` and ``"answer_reward"``; the call's
-    :class:`~rlft.grader.GradeStats` are then in :attr:`last_batch_stats`.
+    :class:`~rlft.reward.grader.GradeStats` are then in :attr:`last_batch_stats`.
     """
 
     def __init__(
@@ -148,14 +149,14 @@ def make_reward_fn(
 
     Args:
         fn: ``"package.module:function"``; the default is the R1-Zero reward, graded exactly as
-            :func:`rlft.grader.grade_batch` does. See the module docstring for the contract of a
+            :func:`rlft.reward.grader.grade_batch` does. See the module docstring for the contract of a
             custom function.
         format_weight: ``w`` in ``reward + w * format_reward`` (0: the unshaped reward).
         timeout_s: seconds one item's check (math_verify, or one call of a custom function) may
             take before its worker is killed; the item then scores 0.
         total_timeout_s: seconds the whole batch may take (None: bounded by the per-item bound for
             each round of items over the workers).
-        grader: the :class:`~rlft.grader.Grader` whose workers run the checks (default: the
+        grader: the :class:`~rlft.reward.grader.Grader` whose workers run the checks (default: the
             process-wide one, which the trainer starts ahead of the first step).
 
     Raises ValueError at once when ``fn`` cannot be imported (see :func:`validate_reward_fn`) or a
