@@ -58,13 +58,25 @@ def _check_rollout_corrections(g: GRPOConfig, s: SamplingConfig) -> None:
              f"grpo.overlong_penalty: must be a finite number >= 0, got {g.overlong_penalty}")
 
 
-def _check_prompt_template(template: str) -> None:
-    from rlft.prompts import get_template
+def _check_prompt(cfg: RunConfig) -> None:
+    from rlft.prompts import prompt_of
+    from rlft.reward.formats import get_answer_format
 
     try:
-        get_template(template)
+        fmt = get_answer_format(cfg.reward.answer_format)
     except ValueError as e:
-        raise ConfigError(f"data.prompt_template: {e}") from None
+        raise ConfigError(f"reward.answer_format: {e}") from None
+    messages = cfg.data.prompt_messages
+    if messages is not None:
+        _require(all(isinstance(m, dict) and set(m) == {"role", "content"} and all(isinstance(v, str) for v in m.values())
+                     for m in messages),
+                 f"data.prompt_messages: must be a list of {{role, content}} mappings of strings, got {messages!r}")
+    try:
+        prompt_of(cfg).check()
+    except ValueError as e:
+        raise ConfigError(f"data.{'prompt_messages' if messages is not None else 'prompt_template'}: {e}") from None
+    if cfg.sampling.stop is None:  # resolved here, so the saved config names the strings used
+        cfg.sampling.stop = list(fmt.stop)
 
 
 def validate(cfg: RunConfig) -> RunConfig:
@@ -163,7 +175,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         _require((Path(cfg.output.resume).expanduser() / CHECKPOINT_STATE_FILE).is_file(),
                  f"output.resume: {cfg.output.resume} is not a complete rlft checkpoint (no {CHECKPOINT_STATE_FILE}); "
                  f"use auto, never, or a directory OUT/checkpoints/step_N")
-    _check_prompt_template(cfg.data.prompt_template)
+    _check_prompt(cfg)
     _require(cfg.device in ("auto", "cuda", "cpu"), f"device: must be auto, cuda or cpu, got '{cfg.device}'")
     _require(cfg.data.eval_size is None or cfg.data.eval_size >= 1,
              f"data.eval_size: must be >= 1 or null, got {cfg.data.eval_size}")

@@ -35,7 +35,14 @@ class DataConfig:
     eval_split: str = "test"
     train_size: int | None = 2000  # None = the whole split (gsm_symbolic needs a size)
     eval_size: int | None = 200
+    # r1_zero (the seed's text prompt, for base models) | question_only | r1_short | a literal text with
+    # {question} | chat: the tokenizer's chat template, user message = question + the answer format's
+    # instruction (instruct models)
     prompt_template: str = "r1_zero"
+    system_prompt: str | None = None  # chat: an optional system message
+    # chat messages given literally ([{role, content}], {question} and {instruction} filled in); overrides
+    # prompt_template
+    prompt_messages: list[dict[str, str]] | None = None
     shuffle: bool = True
 
 
@@ -55,7 +62,7 @@ class SamplingConfig:
     top_p: float = 1.0
     min_tokens: int = 4
     max_tokens: int = 1024
-    stop: list[str] = field(default_factory=lambda: ["</answer>"])
+    stop: list[str] | None = None  # null = the answer format's (r1_tags: </answer>; boxed, gsm8k: none)
     include_stop_str_in_output: bool = True
     repetition_penalty: float = 1.1
     eval_temperature: float = 0.0  # evaluation is greedy by default
@@ -104,7 +111,10 @@ class GRPOConfig:
 
 @dataclass
 class RewardConfig:
-    fn: str = "rlft.reward.grader:r1_zero_reward_fn"  # the original R1-Zero reward: 1 = right format and answer
+    fn: str = "rlft.reward.grader:r1_zero_reward_fn"  # the built-in grader: 1 = right format and answer
+    # where the final answer is (rlft/reward/formats.py): r1_tags (the seed's <think>/<answer>) | boxed
+    # (the last \boxed{}, what instruct models write) | gsm8k (a last line "#### N")
+    answer_format: str = "r1_tags"
     format_weight: float = 0.0  # shaping: + weight x format reward (0 = the original reward)
     timeout_s: float = 1.0  # per response: a check that takes longer scores 0 and is counted
 

@@ -20,6 +20,7 @@ from pathlib import Path
 CURVES = (("reward/mean", "reward (trained batch)"), ("reward/answer", "answer (trained batch)"),
           ("reward/format", "format (trained batch)"), ("dynamic_sampling/reward_all", "reward (all sampled)"))
 STYLES = {"reward/mean": "--"}
+LENGTH = "response_length/mean"  # drawn on a second axis, in tokens
 
 
 def read_steps(run_dir: str | Path) -> list[dict]:
@@ -112,7 +113,8 @@ def summary_line(name: str, s: dict) -> str:
 
 
 def plot_runs(runs: list[str | Path], out_png: str | Path, *, title: str | None = None, window: int = 5) -> Path:
-    """One panel of reward curves (raw and smoothed) per run, held-out accuracy as markers."""
+    """One panel of reward curves (raw and smoothed) per run, held-out accuracy as markers, and the mean
+    response length on a second axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,6 +137,16 @@ def plot_runs(runs: list[str | Path], out_png: str | Path, *, title: str | None 
         if evals:
             ax.plot([s for s, _ in evals], [e.get("accuracy", 0.0) for _, e in evals], "ks--", markersize=5,
                     label="held-out accuracy")
+        lengths = [(s["step"], float(s[LENGTH])) for s in steps
+                   if isinstance(s.get(LENGTH), (int, float)) and math.isfinite(s[LENGTH])]
+        if lengths:
+            twin = ax.twinx()
+            x, y = zip(*lengths)
+            twin.plot(x, moving_average(list(y), window), color="0.55", linewidth=1.5, linestyle=":",
+                      label=f"response tokens (mean of {window} steps)")
+            twin.set_ylabel("response tokens")
+            twin.set_ylim(bottom=0)
+            twin.legend(loc="lower right", fontsize=8)
         ax.set_xlabel("step")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)

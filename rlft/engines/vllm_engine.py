@@ -261,8 +261,16 @@ class VLLMEngine(RolloutEngine):
         self._asleep = True
 
     def wake(self) -> None:
+        """Take the GPU memory back.  The trainer on the same GPU first gives back the blocks its
+        caching allocator holds but does not use (after a long batch, tens of GB): waking would
+        otherwise find too little free memory and fail."""
         if not self._asleep:
             return
+        import gc
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         self.llm.wake_up()
         self._asleep = False
 

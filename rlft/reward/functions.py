@@ -19,9 +19,8 @@ rewards are the original ones.
 ``ground_truth`` is the example's ground truth as the data gives it (a str for GSM8K). It returns a
 finite number (the reward) or a dict with a finite ``"reward"`` and, optionally,
 ``"format_reward"`` and ``"answer_reward"`` (other keys are dropped). A number, or a dict without
-them, gets ``answer_reward = reward`` and ``format_reward`` from the R1-Zero format check of the
-response (1 when it holds ``"</think> <answer>"`` and ``"</answer>"``, the output contract of
-rlft's prompt). It runs in the grader's worker processes, never in the trainer: it is imported
+them, gets ``answer_reward = reward`` and ``format_reward`` from the run's answer format's check
+of the response (``reward.answer_format``, :mod:`rlft.reward.formats`). It runs in the grader's worker processes, never in the trainer: it is imported
 once per worker (bounded by the grader's start-up time), then each call is bounded by
 ``timeout_s``; a call that passes it (the worker is killed and replaced), crashes its worker or
 raises scores an all-zero reward and is counted in ``last_batch_stats`` (``timed_out``,
@@ -43,6 +42,7 @@ import math
 from typing import Callable, Sequence
 
 from rlft.reward.worker import import_function
+from rlft.reward.formats import get_answer_format
 from rlft.reward.grader import Grader, default_grader
 from rlft.reward.pool import DEFAULT_TIMEOUT_PER_ITEM, GradeStats
 
@@ -70,11 +70,9 @@ def validate_format_weight(format_weight: float) -> float:
     return float(format_weight)
 
 
-def format_ok(response: str) -> bool:
-    """The R1-Zero format check: the response holds ``"</think> <answer>"`` and ``"</answer>"``."""
-    from rlft.reward.answers import ANSWER_CLOSE, THINK_ANSWER_SEPARATOR
-
-    return THINK_ANSWER_SEPARATOR in response and ANSWER_CLOSE in response
+def format_ok(response: str, answer_format: str = "r1_tags") -> bool:
+    """Whether ``response`` is well-formed in ``answer_format`` (:mod:`rlft.reward.formats`)."""
+    return get_answer_format(answer_format).split(response)[0]
 
 
 class BatchReward:
@@ -93,8 +91,10 @@ class BatchReward:
         timeout_s: float = DEFAULT_TIMEOUT_PER_ITEM,
         total_timeout_s: float | None = None,
         grader: Grader | None = None,
+        answer_format: str = "r1_tags",
     ):
         self.fn = fn.strip() if isinstance(fn, str) else fn
+        self.answer_format = get_answer_format(answer_format).name
         validate_reward_fn(self.fn)
         self.format_weight = validate_format_weight(format_weight)
         self.timeout_s = _positive(timeout_s, "timeout_s")
@@ -115,13 +115,13 @@ class BatchReward:
             # The R1-Zero grader's own failures already score as verdicts (a timed-out check is a
             # wrong answer in the right format; an unfinished item is all-zero).
             grades = grader.grade_batch(responses, ground_truths, timeout_per_item=self.timeout_s,
-                                        total_timeout=self.total_timeout_s)
+                                        total_timeout=self.total_timeout_s, answer_format=self.answer_format)
             failed = [False] * len(grades)
         else:
             values = grader.call_batch(self.fn, responses, ground_truths,
                                        timeout_per_item=self.timeout_s,
                                        total_timeout=self.total_timeout_s)
-            grades = [_complete(value, response) for value, response in zip(values, responses)]
+            grades = [_complete(value, response, self.answer_format) for value, response in zip(values, responses)]
             failed = [value is None for value in values]
         self.last_batch_stats = grader.last_batch_stats
         if len(grades) != len(responses):  # a grader bug, never a user's: fail loudly
@@ -133,7 +133,7 @@ class BatchReward:
         return grades
 
     def __repr__(self) -> str:
-        return (f"BatchReward(fn={self.fn!r}, format_weight={self.format_weight}, "
+        return (f"BatchReward(fn={self.fn!r}, answer_format={self.answer_format!r}, format_weight={self.format_weight}, "
                 f"timeout_s={self.timeout_s}, total_timeout_s={self.total_timeout_s})")
 
 
@@ -144,6 +144,7 @@ def make_reward_fn(
     timeout_s: float = DEFAULT_TIMEOUT_PER_ITEM,
     total_timeout_s: float | None = None,
     grader: Grader | None = None,
+    answer_format: str = "r1_tags",
 ) -> BatchReward:
     """A callable ``(responses, ground_truths) -> list[dict]`` for the reward named ``fn``.
 
@@ -158,21 +159,24 @@ def make_reward_fn(
             each round of items over the workers).
         grader: the :class:`~rlft.reward.grader.Grader` whose workers run the checks (default: the
             process-wide one, which the trainer starts ahead of the first step).
+        answer_format: where the answer is and what is well-formed (:mod:`rlft.reward.formats`);
+            the built-in reward grades in it, and a custom function's missing ``format_reward``
+            is its check.
 
     Raises ValueError at once when ``fn`` cannot be imported (see :func:`validate_reward_fn`) or a
     number is out of range.
     """
     return BatchReward(fn, format_weight, timeout_s=timeout_s, total_timeout_s=total_timeout_s,
-                       grader=grader)
+                       grader=grader, answer_format=answer_format)
 
 
-def _complete(value: dict[str, float] | None, response: str) -> dict[str, float]:
+def _complete(value: dict[str, float] | None, response: str, answer_format: str) -> dict[str, float]:
     """A custom function's reward as a full reward dict (all-zero where its call failed)."""
     if value is None:
         return dict(_ZERO)
     reward = value["reward"]
     return {
-        "format_reward": value.get("format_reward", 1.0 if format_ok(response) else 0.0),
+        "format_reward": value.get("format_reward", 1.0 if format_ok(response, answer_format) else 0.0),
         "answer_reward": value.get("answer_reward", reward),
         "reward": reward,
     }

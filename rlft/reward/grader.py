@@ -54,8 +54,8 @@ from rlft.reward.answers import (
     GroundTruth,
     decide_in_process,
     ground_truth_texts,
-    split_response,
 )
+from rlft.reward.formats import get_answer_format
 from rlft.reward.pool import (
     DEFAULT_START_TIMEOUT,
     DEFAULT_TIMEOUT_PER_ITEM,
@@ -103,8 +103,12 @@ class Grader(WorkerPool):
         timeout_per_item: float | None = None,
         total_timeout: float | None = None,
         workers: int | None = None,
+        answer_format: str = "r1_tags",
     ) -> list[dict[str, float]]:
         """Reward dicts for a rollout, ``[len(responses)]``, symbolic checks run in parallel.
+
+        ``answer_format`` (:mod:`rlft.reward.formats`) says where the answer is and what is
+        well-formed: ``r1_tags`` (the R1-Zero contract, the default), ``boxed``, ``gsm8k``.
 
         Each symbolic check is bounded by ``timeout_per_item`` (scored wrong when exceeded).
         With ``total_timeout``, items still ungraded when it expires get an all-zero reward and
@@ -115,6 +119,7 @@ class Grader(WorkerPool):
         per_item, deadline, limit = self.batch_bounds(responses, ground_truths, timeout_per_item,
                                                       total_timeout, workers)
 
+        split = get_answer_format(answer_format).split
         stats = GradeStats(graded=len(responses))
         results: list[dict[str, float] | None] = [None] * len(responses)
         jobs: list[tuple[int, str, list[str]]] = []
@@ -122,7 +127,7 @@ class Grader(WorkerPool):
             if not isinstance(response, str):
                 raise TypeError(f"responses[{i}] must be a str, got {type(response).__name__}")
             golds = ground_truth_texts(ground_truth)
-            format_ok, answer = split_response(response)
+            format_ok, answer = split(response)
             if not format_ok:
                 results[i], stats.in_process = FORMAT_ERROR, stats.in_process + 1
                 continue
@@ -246,9 +251,11 @@ def grade_batch(
     total_timeout: float | None = None,
     workers: int | None = None,
     fast: bool = True,
+    answer_format: str = "r1_tags",
 ) -> list[dict[str, float]]:
-    """:func:`r1_zero_reward_fn` over a rollout, ``[len(responses)]`` dicts, in parallel on the
-    default grader's workers; see :meth:`Grader.grade_batch` for the time bounds."""
+    """Reward dicts for a rollout, ``[len(responses)]``, in parallel on the default grader's
+    workers (:func:`r1_zero_reward_fn` for each with the default ``answer_format``); see
+    :meth:`Grader.grade_batch` for the time bounds and the formats."""
     return default_grader().grade_batch(
         responses,
         ground_truths,
@@ -256,4 +263,5 @@ def grade_batch(
         timeout_per_item=timeout_per_item,
         total_timeout=total_timeout,
         workers=workers,
+        answer_format=answer_format,
     )

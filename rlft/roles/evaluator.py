@@ -33,7 +33,7 @@ from rlft.config import ConfigError, RunConfig
 from rlft.data import Example, load_examples
 from rlft.engines.base import RolloutEngine, SamplingSpec
 from rlft.reward.grader import grade_batch
-from rlft.prompts import drop_long_prompts, format_prompt
+from rlft.prompts import Prompt, drop_long_prompts, prompt_of
 from rlft.roles.rollout import sampling_spec
 
 logger = logging.getLogger(__name__)
@@ -82,8 +82,9 @@ def score_responses(
     response_lengths: Sequence[Sequence[int]],
     *,
     k: int = 1,
+    answer_format: str = "r1_tags",
 ) -> tuple[list[dict], dict]:
-    """Grade ``n`` sampled responses per example and summarise them.
+    """Grade ``n`` sampled responses per example (in ``answer_format``) and summarise them.
 
     Args:
         examples: E problems (their ``ground_truth`` is graded against).
@@ -120,7 +121,7 @@ def score_responses(
     # Grade everything in one call so the grader's batch time bound covers the whole set.
     flat_texts = [text for texts in responses for text in texts]
     flat_truths = [ex.ground_truth for ex in examples for _ in range(n)]
-    grades = grade_batch(flat_texts, flat_truths)
+    grades = grade_batch(flat_texts, flat_truths, answer_format=answer_format)
     if len(grades) != len(flat_texts):
         raise RuntimeError(f"grader returned {len(grades)} grades for {len(flat_texts)} responses")
 
@@ -162,11 +163,10 @@ def score_responses(
     return records, summary
 
 
-def tokenize_prompts(tokenizer: Any, questions: Sequence[str], template: str) -> list[list[int]]:
-    """Prompt token ids, one list per question, tokenised the way a text prompt given to vLLM
-    would be (the tokenizer's own special tokens, e.g. a BOS, included)."""
-    texts = [format_prompt(q, template) for q in questions]
-    return [list(ids) for ids in tokenizer(texts)["input_ids"]]
+def tokenize_prompts(tokenizer: Any, questions: Sequence[str], template: str | Prompt) -> list[list[int]]:
+    """Prompt token ids, one list per question (:meth:`rlft.prompts.Prompt.encode`)."""
+    prompt = template if isinstance(template, Prompt) else Prompt(template)
+    return prompt.encode(list(questions), tokenizer)
 
 
 def evaluate(
@@ -176,8 +176,8 @@ def evaluate(
     *,
     spec: SamplingSpec,
     k: int = 1,
-    batch_size: int = 64,
-    prompt_template: str = "r1_zero",
+    batch_size: int | None = None,
+    prompt_template: str | Prompt = "r1_zero",
     progress: bool = True,
 ) -> tuple[list[dict], dict]:
     """Generate responses for ``examples`` with ``engine`` and score them.
@@ -190,8 +190,10 @@ def evaluate(
         spec: sampling parameters. ``spec.n`` is raised to ``k`` when smaller, so each question
             gets ``n = max(spec.n, k)`` samples.
         k: the k of pass@k.
-        batch_size: prompts per ``generate`` call (each carries ``n`` samples).
-        prompt_template: a registered template name or a literal with ``{question}``.
+        batch_size: prompts per ``generate`` call (each carries ``n`` samples); None: all at once,
+            which lets an engine like vLLM schedule the whole set (its own batching is the fast path).
+        prompt_template: a registered template name, a literal with ``{question}``, or a
+            :class:`~rlft.prompts.Prompt` (whose answer format the grading then uses).
         progress: show a progress bar over questions.
 
     Returns:
@@ -202,8 +204,8 @@ def evaluate(
 
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
     if not examples:
         raise ValueError("cannot evaluate an empty set of examples")
     n = max(spec.n, k)
@@ -214,7 +216,9 @@ def evaluate(
                        "are identical, so pass@%d equals accuracy", n, k)
 
     start = time.perf_counter()
-    prompt_ids = tokenize_prompts(tokenizer, [ex.question for ex in examples], prompt_template)
+    prompt = prompt_template if isinstance(prompt_template, Prompt) else Prompt(prompt_template)
+    prompt_ids = tokenize_prompts(tokenizer, [ex.question for ex in examples], prompt)
+    batch_size = batch_size or len(prompt_ids)
     responses: list[list[str]] = []
     lengths: list[list[int]] = []
     with tqdm(total=len(examples), desc="eval", unit="q", disable=not progress, dynamic_ncols=True) as bar:
@@ -230,7 +234,7 @@ def evaluate(
                 responses.append([c.text for c in completions])
                 lengths.append([len(c.token_ids) for c in completions])
             bar.update(len(batch))
-    records, summary = score_responses(examples, responses, lengths, k=k)
+    records, summary = score_responses(examples, responses, lengths, k=k, answer_format=prompt.answer_format)
     seconds = time.perf_counter() - start
     summary["seconds"] = seconds
     summary["examples_per_s"] = len(examples) / max(seconds, 1e-9)
@@ -278,7 +282,8 @@ class Evaluator:
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         d = cfg.data
         loaded = load_examples(d.source, d.eval_split, size=d.eval_size, seed=cfg.seed)
-        kept = drop_long_prompts(loaded, tokenizer, d.prompt_template, max_prompt_tokens, f"{d.source} [{d.eval_split}]")
+        self.prompt = prompt_of(cfg)
+        kept = drop_long_prompts(loaded, tokenizer, self.prompt, max_prompt_tokens, f"{d.source} [{d.eval_split}]")
         if not kept.examples:
             raise ConfigError(f"data.eval_split: none of the {len(loaded.examples)} evaluation rows of {d.source} "
                               f"[{d.eval_split}] has a prompt of at most {max_prompt_tokens} tokens (the model's "
@@ -289,6 +294,6 @@ class Evaluator:
     def evaluate(self, name: str, *, progress: bool = False) -> dict:
         """Generate, grade and write OUT/eval/`name`/; returns the summary."""
         records, summary = evaluate(self.engine, self.tokenizer, self.examples, spec=self.spec,
-                                    prompt_template=self.cfg.data.prompt_template, progress=progress)
+                                    prompt_template=self.prompt, progress=progress)
         write_results(Path(self.cfg.output.dir) / "eval" / name, records, summary)
         return summary

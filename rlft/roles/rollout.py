@@ -27,7 +27,7 @@ from rlft.engines.base import RolloutEngine, SamplingSpec
 from rlft.reward.grader import default_grader
 from rlft.grpo import compute_group_normalized_rewards
 from rlft.overlong import soft_overlong_penalty, truncated_rows
-from rlft.prompts import drop_long_prompts, format_prompt
+from rlft.prompts import drop_long_prompts, prompt_of
 from rlft.reward.functions import make_reward_fn
 
 Timer = Callable[[str], AbstractContextManager]
@@ -95,10 +95,12 @@ class RolloutWorker:
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.group_size = cfg.grpo.group_size
         default_grader().start()  # warm the grading workers now, not in the first step
-        self.reward_fn = make_reward_fn(cfg.reward.fn, cfg.reward.format_weight, timeout_s=cfg.reward.timeout_s)
+        self.reward_fn = make_reward_fn(cfg.reward.fn, cfg.reward.format_weight, timeout_s=cfg.reward.timeout_s,
+                                        answer_format=cfg.reward.answer_format)
+        self.prompt = prompt_of(cfg)
         d = cfg.data
         loaded = load_examples(d.source, d.train_split, size=d.train_size, seed=cfg.seed)
-        loaded = drop_long_prompts(loaded, tokenizer, d.prompt_template, max_prompt_tokens,
+        loaded = drop_long_prompts(loaded, tokenizer, self.prompt, max_prompt_tokens,
                                    f"{d.source} [{d.train_split}]")
         self.examples, self.skipped = loaded.examples, loaded.skipped
         prompts_per_step = cfg.optim.rollout_batch_size // self.group_size
@@ -205,8 +207,8 @@ class RolloutWorker:
     def generate(self, examples: list[Example], seed: int, keep_awake: bool = False) -> Rollout:
         """`group_size` responses to each example's prompt (the engine stays awake with `keep_awake`,
         for another round of the same step)."""
-        prompts = [format_prompt(ex.question, self.cfg.data.prompt_template) for ex in examples]
-        prompt_ids = [list(ids) for ids in self.tokenizer(prompts)["input_ids"]]
+        prompts = [self.prompt.render(ex.question, self.tokenizer) for ex in examples]
+        prompt_ids = self.prompt.encode([ex.question for ex in examples], self.tokenizer)
         self.engine.wake()
         groups = self.engine.generate(prompt_ids, sampling_spec(self.cfg.sampling, n=self.group_size, seed=seed))
         out = Rollout.empty()

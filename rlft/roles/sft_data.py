@@ -1,8 +1,8 @@
 """SFT's data role: (prompt, target) pairs from the train split, handed out in tokenised batches.
 
-Every training row becomes the prompt `format_prompt(question)` (ending in `Assistant: <think>`)
-followed by the target `format_sft_target(solution)` (` reasoning </think> <answer> 72 </answer>`);
-the policy learns the target tokens only.  The feeder lives on the sampler's rank (SFT has no
+Every training row becomes the run's prompt (`rlft.prompts.Prompt`; by default the R1-Zero text ending
+in `Assistant: <think>`) followed by the target `format_sft_target(solution, prompt)` in the run's answer
+format (by default ` reasoning </think> <answer> 72 </answer>`); the policy learns the target tokens only.  The feeder lives on the sampler's rank (SFT has no
 sampler) and draws batches in a seeded, resumable order.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from rlft.batch import RolloutBatch, tokenize_prompt_and_output
 from rlft.common import log
 from rlft.config import ConfigError, RunConfig
 from rlft.data import PromptSampler, load_examples
-from rlft.prompts import format_prompt, format_sft_target
+from rlft.prompts import Prompt, format_sft_target, prompt_of
 
 # Reasons a training row is left out (counted and logged once).
 SKIP_NO_SOLUTION = "no_solution"  # no worked solution, or one format_sft_target cannot rewrite
@@ -34,7 +34,7 @@ class SFTData:
         return len(self.prompts)
 
 
-def build_sft_data(examples, tokenizer, *, template: str = "r1_zero", max_seq_len: int = 1024,
+def build_sft_data(examples, tokenizer, *, template: str | Prompt = "r1_zero", max_seq_len: int = 1024,
                    chunk_size: int = 1024) -> SFTData:
     """Rewrite `rlft.data.Example`s into SFT pairs, dropping (and counting) unusable ones.
 
@@ -42,14 +42,15 @@ def build_sft_data(examples, tokenizer, *, template: str = "r1_zero", max_seq_le
     tokenised with the tokenizer's special tokens (only what its attention mask keeps), the target
     without.  A pair is kept when prompt + target tokens <= `max_seq_len`.
     """
+    prompt = template if isinstance(template, Prompt) else Prompt(template)
     skipped: Counter = Counter()
     pairs = []
     for ex in examples:
-        target = format_sft_target(ex.solution) if ex.solution else None
+        target = format_sft_target(ex.solution, prompt) if ex.solution else None
         if target is None:
             skipped[SKIP_NO_SOLUTION] += 1
             continue
-        pairs.append((format_prompt(ex.question, template), target))
+        pairs.append((prompt.render(ex.question, tokenizer), target))
     out = SFTData([], [], [], {})
     for lo in range(0, len(pairs), chunk_size):  # batched: the fast tokenizers' parallel path
         prompts, targets = zip(*pairs[lo:lo + chunk_size])
@@ -92,7 +93,7 @@ class SFTFeeder:
         self.cfg, self.tokenizer = cfg, tokenizer
         loaded = load_examples(cfg.data.source, cfg.data.train_split, size=cfg.sft.train_size, seed=cfg.seed)
         max_seq_len = min(cfg.sft.max_seq_len, context or cfg.sft.max_seq_len)
-        data = build_sft_data(loaded.examples, tokenizer, template=cfg.data.prompt_template, max_seq_len=max_seq_len)
+        data = build_sft_data(loaded.examples, tokenizer, template=prompt_of(cfg), max_seq_len=max_seq_len)
         data.skipped = dict(Counter(loaded.skipped) + Counter(data.skipped))
         if not len(data):
             reasons = ", ".join(f"{k}={v}" for k, v in sorted(data.skipped.items()))

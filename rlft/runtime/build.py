@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from rlft.common import log
 from rlft.config import ConfigError, RunConfig
 from rlft.objectives import Objective
 from rlft.runtime.bridge import init_policy_world
@@ -41,6 +42,14 @@ def agree_on_config_error(ctx: RankContext, error: str | None) -> None:
 def _build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, rollouts: bool) -> None:
     cfg, roles = ctx.cfg, ctx.roles
     resumed, weights_only = resume_point(cfg)  # every rank: a checkpoint of another layout stops them all here
+    check_prompt_fits_tokenizer(ctx)
+    if roles.policy and (roles.sampler or roles.evaluator):
+        from rlft.runtime.memory_plan import check_shared_gpu
+
+        plan = check_shared_gpu(cfg, model_path=ctx.model_path, device=ctx.device, policy_dtype=ctx.policy_dtype,
+                                reference_here=roles.reference and objective.needs_reference)
+        if plan:
+            log.info("one GPU for the policy and the engine: %s GiB", ", ".join(f"{k} {v:.1f}" for k, v in plan.items()))
     if roles.policy:
         from rlft.roles.policy import PolicyTrainer
 
@@ -67,6 +76,17 @@ def _build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, rol
         limit = prompt_limit(cfg, ctx.model_path, evaluation=True)
         engine = ctx.rollout.engine if ctx.rollout is not None else engine_for_run(ctx, ctx.model_path)
         ctx.evaluator = Evaluator(cfg, engine, ctx.tokenizer, max_prompt_tokens=limit)
+
+
+def check_prompt_fits_tokenizer(ctx: RankContext) -> None:
+    """A chat prompt needs a tokenizer with a chat template: one line at start, before any engine."""
+    from rlft.prompts import prompt_of
+
+    try:
+        prompt_of(ctx.cfg).check_tokenizer(ctx.tokenizer, ctx.cfg.model.path)
+    except ValueError as e:
+        key = "data.prompt_messages" if ctx.cfg.data.prompt_messages is not None else "data.prompt_template"
+        raise ConfigError(f"{key}: {e}") from None
 
 
 def prompt_limit(cfg: RunConfig, model_path: str, *, evaluation: bool) -> int | None:

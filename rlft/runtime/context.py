@@ -42,6 +42,8 @@ class RankContext:
     feeder: SFTFeeder | None = None  # SFT's data, on the sampler's rank
     tracker: Tracker | None = None  # rank 0 only
     seconds: dict[str, float] = field(default_factory=dict)  # this step's time per phase
+    phase_memory_gb: dict[str, float] = field(default_factory=dict)  # this step's peak GPU memory per phase
+    step_peak_bytes: int = 0  # GPU: the most allocated so far (timed phases reset torch's counter)
     exit_code: int = 0  # what the rank exits with when its work returns (1: an evaluation failed, or training diverged)
 
     @property
@@ -66,9 +68,20 @@ class RankContext:
 
     @contextmanager
     def timed(self, phase: str):
+        """Time `phase` (added up over the step) and, on a GPU, its peak of allocated memory."""
+        cuda = self.device.type == "cuda"
+        if cuda:
+            before = torch.cuda.max_memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
-        yield
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+            if cuda:
+                peak = torch.cuda.max_memory_allocated(self.device)
+                self.phase_memory_gb[phase] = max(self.phase_memory_gb.get(phase, 0.0), peak / 2**30)
+                self.step_peak_bytes = max(self.step_peak_bytes, before, peak)
 
 
 def choose_device(cfg: RunConfig) -> torch.device:
@@ -83,9 +96,11 @@ def choose_device(cfg: RunConfig) -> torch.device:
     return torch.device("cuda", local)
 
 
-def peak_memory_gb(device: torch.device) -> float:
+def peak_memory_gb(device: torch.device, ctx: RankContext | None = None) -> float:
+    """The most memory this rank held: on a GPU, allocated by torch since the run started (each
+    timed phase resets the counter and `ctx` keeps the maximum); on CPU, the process's peak RSS."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
+        return max(torch.cuda.max_memory_allocated(device), getattr(ctx, "step_peak_bytes", 0)) / 2**30
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (host RSS)

@@ -95,7 +95,7 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
     for step in range(start + 1, total + 1):
         out_of_time = bridge.broadcast_object(roles.rank == 0 and clock.next_step_overruns(), src=0)
         last = step == total or bool(out_of_time)
-        ctx.seconds = {}
+        ctx.seconds, ctx.phase_memory_gb = {}, {}
         t0 = time.perf_counter()
         metrics = step_fn(ctx, step, last)
         flags = step_flags(ctx, metrics)
@@ -107,7 +107,9 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
             metrics.update(final_eval(ctx, step))
         metrics["seconds"] = {**ctx.seconds, "step": time.perf_counter() - t0}
         clock.add(metrics["seconds"]["step"])
-        metrics["peak_memory_gb"] = peak_memory_gb(ctx.device)
+        metrics["peak_memory_gb"] = peak_memory_gb(ctx.device, ctx)
+        if ctx.phase_memory_gb:
+            metrics["phase_memory_gb"] = dict(ctx.phase_memory_gb)
         gathered = bridge.gather_objects(metrics, dst=0)
         if roles.rank == 0:
             summary = report(ctx, step, gathered + ([extra_metrics(gathered)] if extra_metrics else []))

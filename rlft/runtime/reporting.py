@@ -124,6 +124,9 @@ def merge_metrics(gathered: list[dict]) -> tuple[dict, list[dict] | None]:
             if k == "seconds":
                 for phase, s in v.items():
                     seconds[phase] = max(seconds.get(phase, 0.0), s)
+            elif k == "phase_memory_gb":  # GPU: each phase's peak allocated memory, the largest rank's
+                for phase, gb in v.items():
+                    merged[f"memory/peak_gb/{phase}"] = max(merged.get(f"memory/peak_gb/{phase}", 0.0), gb)
             elif k == "peak_memory_gb":
                 peak = max(peak, v)
                 merged[f"memory/peak_gb/rank{rank}"] = v  # per rank, so each role's share can be read
