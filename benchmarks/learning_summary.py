@@ -75,18 +75,22 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {}
     # OUT/commands.json, when present, maps "gsm8k"/"easy" to the command that made the run.
     commands = json.loads((out / "commands.json").read_text()) if (out / "commands.json").is_file() else {}
-    for key, run in (("gsm8k", out / "grpo_gsm8k"), ("easy", out / "grpo_easy")):
+    for key, run in (("gsm8k", out / "grpo_gsm8k"), ("easy", out / "grpo_easy"),
+                     ("gsm8k_instruct", out / "grpo_instruct")):
         if not (run / "steps.jsonl").is_file():
             continue
         entry = compare(run) or {}
         stats = step_stats(run)
         entry.update(steps=stats["steps"], training=stats)
+        if stats.get("seconds_per_step") and stats.get("steps"):
+            entry["minutes"] = round(sum(r.get("time/step", 0.0) for r in read_steps(run)) / 60, 2)
         cfg = run / "config.yaml"
         if cfg.is_file():
             import yaml
 
             c = yaml.safe_load(cfg.read_text())
             entry["data"] = c["data"]["source"]
+            entry["model"] = c["model"]["path"]
             if key == "easy":
                 entry["task"] = c["data"]["source"]
         if key in commands:
