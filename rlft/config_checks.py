@@ -58,6 +58,15 @@ def _check_rollout_corrections(g: GRPOConfig, s: SamplingConfig) -> None:
              f"grpo.overlong_penalty: must be a finite number >= 0, got {g.overlong_penalty}")
 
 
+def _check_loss_needs(g: GRPOConfig) -> None:
+    """What the chosen loss's record says it needs (`rlft.grpo.losses.PolicyLoss`)."""
+    loss = POLICY_LOSSES[g.loss_type]
+    for key in loss.requires:
+        _require(getattr(g, key) is not None, f"grpo.{key}: required when grpo.loss_type is {g.loss_type}")
+    _require(loss.uses_groups or g.group_size == 1,
+             f"grpo.group_size: loss_type {g.loss_type} uses no groups; set grpo.group_size=1 (got {g.group_size})")
+
+
 def _check_prompt_template(template: str) -> None:
     from rlft.prompts import get_template
 
@@ -79,8 +88,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(g.loss_type in POLICY_LOSSES,
              f"grpo.loss_type: unknown loss '{g.loss_type}' (valid: {', '.join(POLICY_LOSSES)})")
     _require(g.cliprange > 0, f"grpo.cliprange: must be > 0, got {g.cliprange}")
-    if g.loss_type == "dapo":
-        _require(g.cliprange_high is not None, "grpo.cliprange_high: required when grpo.loss_type is dapo")
+    _check_loss_needs(g)
     if g.cliprange_high is not None:
         _require(g.cliprange_high > 0, f"grpo.cliprange_high: must be > 0, got {g.cliprange_high}")
     _require(g.advantage_eps >= 0, f"grpo.advantage_eps: must be >= 0, got {g.advantage_eps}")
@@ -103,9 +111,6 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_rollout_corrections(g, s)
     _require(sch.time_limit_minutes is None or 0 < sch.time_limit_minutes < float("inf"),
              f"schedule.time_limit_minutes: must be a number > 0 or null, got {sch.time_limit_minutes}")
-    if g.loss_type == "no_baseline" and g.group_size != 1:
-        raise ConfigError(f"grpo.group_size: loss_type no_baseline uses no groups; set grpo.group_size=1 "
-                          f"(got {g.group_size})")
 
     _require(s.backend in BACKENDS, f"sampling.backend: must be one of {', '.join(BACKENDS)}, got '{s.backend}'")
     _require(0 < s.top_p <= 1, f"sampling.top_p: must be in (0, 1], got {s.top_p}")
@@ -198,7 +203,7 @@ def config_warnings(cfg: RunConfig, *, rollouts: bool = True) -> list[str]:
         found.append(f"sampling.temperature is 0 with grpo.group_size {g.group_size}: the responses to a prompt are "
                      f"identical, so every group's advantages are 0 and the policy learns nothing; sample with "
                      f"sampling.temperature > 0")
-    if rollouts and cfg.schedule.max_staleness and g.loss_type in ("no_baseline", "reinforce_with_baseline") \
+    if rollouts and cfg.schedule.max_staleness and not POLICY_LOSSES[g.loss_type].uses_ratio \
             and g.rollout_is == "none":
         found.append(f"schedule.max_staleness is {cfg.schedule.max_staleness} with grpo.loss_type {g.loss_type}, "
                      f"which has no importance ratio: batches sampled by older weights are used uncorrected; "

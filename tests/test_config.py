@@ -173,6 +173,26 @@ def test_every_registered_choice_is_accepted_and_nothing_else():
             load_config(None, [f"{key}=no_such_choice"])
 
 
+def test_a_new_loss_is_checked_by_the_properties_it_registers():
+    # The checks read the loss's record, not its name: a loss registered as needing
+    # grpo.cliprange_high, no groups and no ratio is held to exactly that.
+    from rlft.config import config_warnings
+    from rlft.grpo import POLICY_LOSSES, register_policy_loss
+
+    register_policy_loss("_test_loss", uses_ratio=False, uses_groups=False, requires=("cliprange_high",))(
+        lambda policy_log_probs, **_: (-policy_log_probs, {}))
+    try:
+        with pytest.raises(ConfigError, match="grpo.cliprange_high: required when grpo.loss_type is _test_loss"):
+            load_config(None, ["grpo.loss_type=_test_loss", "grpo.group_size=1"])
+        with pytest.raises(ConfigError, match="grpo.group_size: loss_type _test_loss uses no groups"):
+            load_config(None, ["grpo.loss_type=_test_loss", "grpo.cliprange_high=0.3"])
+        cfg = load_config(None, ["grpo.loss_type=_test_loss", "grpo.cliprange_high=0.3", "grpo.group_size=1",
+                                 "schedule.max_staleness=1"])
+        assert any("which has no importance ratio" in w for w in config_warnings(cfg))
+    finally:
+        POLICY_LOSSES.pop("_test_loss")
+
+
 def test_sampling_defaults_are_the_engines_defaults():
     # The config's sampling section and the engines' SamplingSpec declare the same parameters with
     # the same (vLLM-semantics) defaults; they must not drift apart.

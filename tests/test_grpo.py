@@ -192,9 +192,13 @@ def test_registry_holds_variants_and_accepts_new_ones():
     builtin = {"no_baseline", "reinforce_with_baseline", "grpo_clip", "dapo", "gspo"}
     assert builtin <= set(POLICY_LOSSES)
     with pytest.raises(ValueError, match="already registered"):
-        register_policy_loss("grpo_clip")(lambda *a, **k: None)
+        register_policy_loss("grpo_clip", uses_ratio=True)(lambda *a, **k: None)
+    # Each record carries the properties the config checks read.
+    assert [name for name, loss in POLICY_LOSSES.items() if loss.uses_ratio] == ["grpo_clip", "dapo", "gspo"]
+    assert [name for name, loss in POLICY_LOSSES.items() if not loss.uses_groups] == ["no_baseline"]
+    assert {name: loss.requires for name, loss in POLICY_LOSSES.items() if loss.requires} == {"dapo": ("cliprange_high",)}
 
-    @register_policy_loss("_test_double_reinforce")
+    @register_policy_loss("_test_double_reinforce", uses_ratio=False)
     def _double(policy_log_probs, *, advantages, **_):
         return -2.0 * advantages * policy_log_probs, {}
 
