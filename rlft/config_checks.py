@@ -21,7 +21,7 @@ from rlft.config_schema import (
     TopologyConfig,
 )
 from rlft.engines import BACKENDS
-from rlft.grpo import AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
+from rlft.grpo import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
 from rlft.overlong import OVERLONG_MODES
 
 
@@ -92,9 +92,12 @@ def validate(cfg: RunConfig) -> RunConfig:
     if g.cliprange_high is not None:
         _require(g.cliprange_high > 0, f"grpo.cliprange_high: must be > 0, got {g.cliprange_high}")
     _require(g.advantage_eps >= 0, f"grpo.advantage_eps: must be >= 0, got {g.advantage_eps}")
-    if g.normalize_by_std:
-        _require(g.advantage_eps > 0, f"grpo.advantage_eps: must be > 0 when grpo.normalize_by_std is true (a group "
-                                      f"whose rewards are all equal would divide 0 by 0), got {g.advantage_eps}")
+    _require(g.advantage_estimator in ADVANTAGE_ESTIMATORS, f"grpo.advantage_estimator: must be one of "
+             f"{', '.join(ADVANTAGE_ESTIMATORS)}, got '{g.advantage_estimator}'")
+    if ADVANTAGE_ESTIMATORS[g.advantage_estimator].divides_by_std:
+        _require(g.advantage_eps > 0, f"grpo.advantage_eps: must be > 0 with grpo.advantage_estimator "
+                                      f"{g.advantage_estimator}, which divides by the group std (a group whose "
+                                      f"rewards are all equal would divide 0 by 0), got {g.advantage_eps}")
     _require(g.kl_coef >= 0, f"grpo.kl_coef: must be >= 0, got {g.kl_coef}")
     _require(g.kl_estimator in KL_ESTIMATORS,
              f"grpo.kl_estimator: must be one of {', '.join(KL_ESTIMATORS)}, got '{g.kl_estimator}'")

@@ -70,7 +70,7 @@ class GRPOConfig:
     cliprange: float = 0.2
     cliprange_high: float | None = None  # DAPO clip-higher upper bound (loss_type dapo)
     advantage_eps: float = 1e-6
-    normalize_by_std: bool = True  # False + aggregation constant = Dr. GRPO
+    advantage_estimator: str = "grpo"  # grpo (÷ group std) | dr_grpo (mean only; with aggregation constant = Dr. GRPO)
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     aggregation: str = "sequence"  # sequence (the original) | token | constant (Dr. GRPO)

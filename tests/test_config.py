@@ -43,7 +43,7 @@ def test_defaults_are_the_documented_ones():
     assert g.loss_type == "grpo_clip"
     assert g.cliprange == 0.2
     assert g.cliprange_high is None
-    assert g.normalize_by_std is True
+    assert g.advantage_estimator == "grpo"
     assert s.temperature == 1.0
     assert s.top_p == 1.0
     assert s.min_tokens == 4
@@ -156,7 +156,7 @@ def test_every_registered_choice_is_accepted_and_nothing_else():
     # The config reads its allowed values from the registries; a registry and the config can no
     # longer disagree (gspo was registered and documented, yet refused by the config).
     from rlft.engines import BACKENDS
-    from rlft.grpo import AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+    from rlft.grpo import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
 
     assert {"no_baseline", "reinforce_with_baseline", "grpo_clip", "dapo", "gspo"} <= set(POLICY_LOSSES)
     for loss in POLICY_LOSSES:
@@ -164,11 +164,14 @@ def test_every_registered_choice_is_accepted_and_nothing_else():
         assert load_config(None, [f"grpo.loss_type={loss}", *extra]).grpo.loss_type == loss
     for estimator in KL_ESTIMATORS:
         assert load_config(None, [f"grpo.kl_estimator={estimator}"]).grpo.kl_estimator == estimator
+    for estimator in ADVANTAGE_ESTIMATORS:
+        assert load_config(None, [f"grpo.advantage_estimator={estimator}"]).grpo.advantage_estimator == estimator
     for mode in AGGREGATION_MODES:
         assert load_config(None, [f"grpo.aggregation={mode}"]).grpo.aggregation == mode
     for backend in BACKENDS:
         assert load_config(None, [f"sampling.backend={backend}"]).sampling.backend == backend
-    for key in ("grpo.loss_type", "grpo.kl_estimator", "grpo.aggregation", "sampling.backend"):
+    for key in ("grpo.loss_type", "grpo.kl_estimator", "grpo.advantage_estimator", "grpo.aggregation",
+                "sampling.backend"):
         with pytest.raises(ConfigError, match=key):
             load_config(None, [f"{key}=no_such_choice"])
 
@@ -236,7 +239,7 @@ def test_data_parallel_batch_split():
     (["grpo.group_size=true"], "grpo.group_size: expected an integer, got True"),
     (["sampling.temperature=[1]"], "sampling.temperature: expected a number, got [1]"),
     (["sampling.temperature=hot"], "sampling.temperature: expected a number, got 'hot'"),
-    (["grpo.normalize_by_std=3"], "grpo.normalize_by_std: expected true or false, got 3"),
+    (["grpo.dynamic_sampling=3"], "grpo.dynamic_sampling: expected true or false, got 3"),
     (["optim.betas=0.9"], "optim.betas: expected a list, got 0.9"),
     (["optim.betas=[0.9, x]"], "optim.betas[1]: expected a number, got 'x'"),
     (["grpo=3"], "grpo: expected a mapping of settings, got 3"),
@@ -264,8 +267,9 @@ def test_data_parallel_batch_split():
     (["sampling.min_tokens=8", "sampling.eval_max_tokens=4"],
      "sampling.eval_max_tokens: must be >= sampling.min_tokens (8), the evaluation's forced minimum, got 4"),
     (["grpo.advantage_eps=0"],
-     "grpo.advantage_eps: must be > 0 when grpo.normalize_by_std is true (a group whose rewards are all equal "
-     "would divide 0 by 0), got 0.0"),
+     "grpo.advantage_eps: must be > 0 with grpo.advantage_estimator grpo, which divides by the group std (a group "
+     "whose rewards are all equal would divide 0 by 0), got 0.0"),
+    (["grpo.advantage_estimator=rloo"], "grpo.advantage_estimator: must be one of grpo, dr_grpo, got 'rloo'"),
     (["data.prompt_template=r1"],
      "data.prompt_template: unknown prompt template 'r1': use one of ['question_only', 'r1_short', 'r1_zero'] "
      "or a literal template string containing '{question}'"),
@@ -279,7 +283,7 @@ def test_override_errors(overrides, message):
 
 def test_settings_that_fail_only_later_are_refused_up_front(tmp_path):
     # Each of these used to pass the checks and fail after start-up (or run on, producing NaN).
-    assert load_config(None, ["grpo.advantage_eps=0", "grpo.normalize_by_std=false"]).grpo.advantage_eps == 0
+    assert load_config(None, ["grpo.advantage_eps=0", "grpo.advantage_estimator=dr_grpo"]).grpo.advantage_eps == 0
     assert load_config(None, ["sampling.min_tokens=4", "sampling.eval_max_tokens=4"]).sampling.eval_max_tokens == 4
     assert load_config(None, ["data.prompt_template=Q: {question} A:"]).data.prompt_template == "Q: {question} A:"
     missing = tmp_path / "checkpoints" / "step_000010"

@@ -7,6 +7,7 @@ import torch
 
 from rlft.grpo import (
     POLICY_LOSS_METRIC_KEYS,
+    ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
     aggregate_loss,
     compute_entropy,
@@ -18,6 +19,7 @@ from rlft.grpo import (
     masked_mean,
     masked_normalize,
     policy_loss,
+    register_advantage_estimator,
     register_policy_loss,
 )
 
@@ -34,7 +36,7 @@ def close(actual, expected, atol=1e-5):
 
 def test_group_normalized_with_std():
     rewards = torch.tensor([1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 1], dtype=torch.float32)
-    adv, raw, stats = compute_group_normalized_rewards(rewards, 4, 1e-6, True)
+    adv, raw, stats = compute_group_normalized_rewards(rewards, 4, 1e-6, "grpo")
     # group 0 [1,0,0,1]: mean .5, dev ±.5, unbiased var = 4·.25/3 = 1/3, std .577350
     #   → ±.5/.577350 = ±.866025
     # group 1 [1,1,1,1]: dev 0, std 0 → 0/(0+eps) = 0
@@ -58,7 +60,7 @@ def test_group_normalized_with_std():
 
 def test_group_normalized_mean_only():
     rewards = torch.tensor([1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 1], dtype=torch.float32)
-    adv, _, stats = compute_group_normalized_rewards(rewards, 4, 1e-6, False)
+    adv, _, stats = compute_group_normalized_rewards(rewards, 4, 1e-6, "dr_grpo")
     # just the group mean subtracted: means .5, 1, .25
     close(adv, [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0, -0.25, -0.25, -0.25, 0.75])
     # Σa² = 4·.25 + 0 + (3·.0625 + .5625) = 1.75 → std sqrt(1.75/11) = .398862
@@ -67,21 +69,41 @@ def test_group_normalized_mean_only():
 
 def test_group_size_one_gives_zero_advantages_not_nan():
     rewards = torch.tensor([1.0, 0.0, 0.5])
-    for by_std in (True, False):
-        adv, _, stats = compute_group_normalized_rewards(rewards, 1, 1e-6, by_std)
+    for estimator in ADVANTAGE_ESTIMATORS:
+        adv, _, stats = compute_group_normalized_rewards(rewards, 1, 1e-6, estimator)
         close(adv, [0.0, 0.0, 0.0])
         assert stats["zero_variance_group_fraction"] == 1.0
         assert all(math.isfinite(v) for v in stats.values())
     # a single rollout: the batch std is taken as 0 too
-    _, _, stats = compute_group_normalized_rewards(torch.tensor([1.0]), 1, 1e-6, True)
+    _, _, stats = compute_group_normalized_rewards(torch.tensor([1.0]), 1, 1e-6)
     assert stats["reward_std"] == 0.0 and stats["advantage_std"] == 0.0
 
 
 def test_group_normalized_rejects_incomplete_groups():
     with pytest.raises(ValueError, match="not a multiple of group_size"):
-        compute_group_normalized_rewards(torch.ones(5), 2, 1e-6, True)
+        compute_group_normalized_rewards(torch.ones(5), 2, 1e-6)
     with pytest.raises(ValueError, match="group_size"):
-        compute_group_normalized_rewards(torch.ones(4), 0, 1e-6, True)
+        compute_group_normalized_rewards(torch.ones(4), 0, 1e-6)
+    with pytest.raises(ValueError, match="unknown advantage estimator 'rloo'; valid: grpo, dr_grpo"):
+        compute_group_normalized_rewards(torch.ones(4), 2, 1e-6, "rloo")
+
+
+def test_a_registered_advantage_estimator_is_used_and_carries_its_properties():
+    assert {name: e.divides_by_std for name, e in ADVANTAGE_ESTIMATORS.items()} == {"grpo": True, "dr_grpo": False}
+    with pytest.raises(ValueError, match="already registered"):
+        register_advantage_estimator("grpo", divides_by_std=True)(lambda grouped, eps: grouped)
+
+    @register_advantage_estimator("_test_leave_one_out", divides_by_std=False)
+    def _rloo(grouped, eps):  # RLOO: reward - mean of the other rewards of the group
+        k = grouped.shape[1]
+        return (grouped - grouped.mean(dim=1, keepdim=True)) * k / (k - 1)
+
+    try:
+        adv, _, _ = compute_group_normalized_rewards(torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0]), 3, 1e-6,
+                                                     "_test_leave_one_out")
+        close(adv, [1.0, -0.5, -0.5, 0.0, 0.0, 0.0])  # 1 - 0, 0 - .5, 0 - .5; the equal group gives 0
+    finally:
+        ADVANTAGE_ESTIMATORS.pop("_test_leave_one_out")
 
 
 # ------------------------------------------------------------------ per-token losses

@@ -244,7 +244,7 @@ class RolloutWorker:
         if g.overlong == "soft_penalty":
             rewards = rewards + self.overlong_penalties(rollout)
         advantages, raw_rewards, reward_stats = compute_group_normalized_rewards(
-            rewards, g.group_size, g.advantage_eps, g.normalize_by_std)
+            rewards, g.group_size, g.advantage_eps, g.advantage_estimator)
         batch = build_rollout_batch(rollout.prompt_ids, rollout.response_ids, pad_token_id=tok.pad_token_id,
                                     eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
                                     padding_side=self.cfg.model.padding_side, response_logprobs=rollout.logprobs)
