@@ -14,12 +14,14 @@ from rlft.grpo import (
     compute_grpo_clip_loss,
     compute_group_normalized_rewards,
     compute_kl,
+    KL_ESTIMATORS,
     compute_naive_policy_gradient_loss,
     compute_policy_gradient_loss,
     masked_mean,
     masked_normalize,
     policy_loss,
     register_advantage_estimator,
+    register_kl_estimator,
     register_policy_loss,
 )
 
@@ -248,6 +250,21 @@ def test_kl_estimators():
         compute_kl(logp, ref, "k4")
     with pytest.raises(ValueError, match="ref_log_probs has shape"):
         compute_kl(logp, ref[:, :2], "k3")
+
+
+def test_kl_estimators_have_the_properties_they_register():
+    # Tokens drawn from pi = [.5, .3, .2] against pi_ref = [.2, .3, .5]: the exact
+    # KL(pi || pi_ref) = .5 ln 2.5 + .2 ln .4 = .458145 - .183258 = .274887.
+    pi, ref = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.3, 0.5])
+    tokens = torch.multinomial(pi, 200_000, replacement=True, generator=torch.Generator().manual_seed(0))
+    logp, ref_logp = pi.log()[tokens].unsqueeze(0), ref.log()[tokens].unsqueeze(0)
+    assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
+    for name, est in KL_ESTIMATORS.items():
+        values = compute_kl(logp, ref_logp, name)
+        assert (values.min() >= 0) == est.nonnegative, name
+        assert (abs(values.mean().item() - 0.274887) < 0.005) == est.unbiased, (name, values.mean())
+    with pytest.raises(ValueError, match="already registered"):
+        register_kl_estimator("k3", unbiased=True, nonnegative=True)(lambda logp, ref: logp - ref)
 
 
 def test_entropy_hand_values_and_stability():

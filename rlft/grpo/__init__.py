@@ -41,7 +41,7 @@ long and short responses are not weighted differently).
 """
 
 from rlft.grpo.advantages import ADVANTAGE_ESTIMATORS, compute_group_normalized_rewards, register_advantage_estimator
-from rlft.grpo.kl import KL_ESTIMATORS, compute_entropy, compute_kl
+from rlft.grpo.kl import KL_ESTIMATORS, compute_entropy, compute_kl, register_kl_estimator
 from rlft.grpo.losses import (
     POLICY_LOSSES,
     compute_grpo_clip_loss,
@@ -80,6 +80,7 @@ __all__ = [
     "masked_normalize",
     "policy_loss",
     "register_advantage_estimator",
+    "register_kl_estimator",
     "register_policy_loss",
     "rollout_mismatch_metrics",
     "rollout_mismatch_sums",
