@@ -20,7 +20,7 @@ from rlft.config_schema import (
     SamplingConfig,
     TopologyConfig,
 )
-from rlft.engines import BACKENDS
+from rlft.engines import backend_choices
 from rlft.grpo import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
 from rlft.overlong import OVERLONG_MODES
 
@@ -115,7 +115,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(sch.time_limit_minutes is None or 0 < sch.time_limit_minutes < float("inf"),
              f"schedule.time_limit_minutes: must be a number > 0 or null, got {sch.time_limit_minutes}")
 
-    _require(s.backend in BACKENDS, f"sampling.backend: must be one of {', '.join(BACKENDS)}, got '{s.backend}'")
+    _require(s.backend in backend_choices(),
+             f"sampling.backend: must be one of {', '.join(backend_choices())}, got '{s.backend}'")
     _require(0 < s.top_p <= 1, f"sampling.top_p: must be in (0, 1], got {s.top_p}")
     _require(s.temperature >= 0, f"sampling.temperature: must be >= 0, got {s.temperature}")
     _require(s.eval_temperature >= 0, f"sampling.eval_temperature: must be >= 0, got {s.eval_temperature}")

@@ -123,7 +123,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from rlft.config import SamplingConfig
-    from rlft.engines import BACKENDS
+    from rlft.engines import backend_choices
 
     d = SamplingConfig()
     p = _OneLineParser(prog=f"python -m {PROG}", description=__doc__,
@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=d.top_p, help="nucleus sampling (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens,
                    help="most tokens generated per response (default: %(default)s)")
-    p.add_argument("--backend", choices=BACKENDS, default="auto",
+    p.add_argument("--backend", choices=backend_choices(), default="auto",
                    help="rollout engine; auto = vLLM when installed and supported, else HF generate "
                         "(default: %(default)s)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",

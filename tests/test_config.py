@@ -155,7 +155,7 @@ def test_dapo_needs_and_accepts_cliprange_high():
 def test_every_registered_choice_is_accepted_and_nothing_else():
     # The config reads its allowed values from the registries; a registry and the config can no
     # longer disagree (gspo was registered and documented, yet refused by the config).
-    from rlft.engines import BACKENDS
+    from rlft.engines import backend_choices
     from rlft.grpo import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
 
     assert {"no_baseline", "reinforce_with_baseline", "grpo_clip", "dapo", "gspo"} <= set(POLICY_LOSSES)
@@ -168,7 +168,7 @@ def test_every_registered_choice_is_accepted_and_nothing_else():
         assert load_config(None, [f"grpo.advantage_estimator={estimator}"]).grpo.advantage_estimator == estimator
     for mode in AGGREGATION_MODES:
         assert load_config(None, [f"grpo.aggregation={mode}"]).grpo.aggregation == mode
-    for backend in BACKENDS:
+    for backend in backend_choices():
         assert load_config(None, [f"sampling.backend={backend}"]).sampling.backend == backend
     for key in ("grpo.loss_type", "grpo.kl_estimator", "grpo.advantage_estimator", "grpo.aggregation",
                 "sampling.backend"):
