@@ -67,6 +67,18 @@ def _check_loss_needs(g: GRPOConfig) -> None:
              f"grpo.group_size: loss_type {g.loss_type} uses no groups; set grpo.group_size=1 (got {g.group_size})")
 
 
+def _check_deepspeed_config(path: str | None) -> None:
+    if path is None:
+        return
+    import json
+
+    try:
+        ds = json.loads(Path(path).expanduser().read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"deepspeed_config: cannot read {path} as JSON ({e})") from None
+    _require(isinstance(ds, dict), f"deepspeed_config: {path} must hold a JSON object, got {type(ds).__name__}")
+
+
 def _check_prompt_template(template: str) -> None:
     from rlft.prompts import get_template
 
@@ -173,6 +185,7 @@ def validate(cfg: RunConfig) -> RunConfig:
                  f"output.resume: {cfg.output.resume} is not a complete rlft checkpoint (no {CHECKPOINT_STATE_FILE}); "
                  f"use auto, never, or a directory OUT/checkpoints/step_N")
     _check_prompt_template(cfg.data.prompt_template)
+    _check_deepspeed_config(cfg.deepspeed_config)
     _require(cfg.device in ("auto", "cuda", "cpu"), f"device: must be auto, cuda or cpu, got '{cfg.device}'")
     _require(cfg.data.eval_size is None or cfg.data.eval_size >= 1,
              f"data.eval_size: must be >= 1 or null, got {cfg.data.eval_size}")

@@ -205,6 +205,9 @@ class RunConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     seed: int = 0
     device: str = "auto"  # auto | cuda | cpu
+    # The policy's DeepSpeed JSON (null = ds_configs/pipeline_bf16.json or pipeline_fp32.json by dtype);
+    # the values the YAML also sets (micro-batch, accumulation, clipping, checkpointing) come from the YAML.
+    deepspeed_config: str | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
