@@ -19,6 +19,7 @@ from rlft.config_schema import (
     RunConfig,
     SamplingConfig,
     TopologyConfig,
+    check_sampling_ranges,
 )
 from rlft.engines import backend_choices
 from rlft.grpo import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
@@ -65,6 +66,16 @@ def _check_loss_needs(g: GRPOConfig) -> None:
         _require(getattr(g, key) is not None, f"grpo.{key}: required when grpo.loss_type is {g.loss_type}")
     _require(loss.uses_groups or g.group_size == 1,
              f"grpo.group_size: loss_type {g.loss_type} uses no groups; set grpo.group_size=1 (got {g.group_size})")
+
+
+def _check_sampling(s: SamplingConfig) -> None:
+    try:
+        check_sampling_ranges({"top_p": s.top_p, "temperature": s.temperature, "max_tokens": s.max_tokens,
+                               "min_tokens": s.min_tokens, "repetition_penalty": s.repetition_penalty},
+                              label=lambda name: f"sampling.{name}")
+        check_sampling_ranges({"temperature": s.eval_temperature}, label=lambda name: "sampling.eval_temperature")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_deepspeed_config(path: str | None) -> None:
@@ -129,13 +140,7 @@ def validate(cfg: RunConfig) -> RunConfig:
 
     _require(s.backend in backend_choices(),
              f"sampling.backend: must be one of {', '.join(backend_choices())}, got '{s.backend}'")
-    _require(0 < s.top_p <= 1, f"sampling.top_p: must be in (0, 1], got {s.top_p}")
-    _require(s.temperature >= 0, f"sampling.temperature: must be >= 0, got {s.temperature}")
-    _require(s.eval_temperature >= 0, f"sampling.eval_temperature: must be >= 0, got {s.eval_temperature}")
-    _require(s.max_tokens >= 1, f"sampling.max_tokens: must be >= 1, got {s.max_tokens}")
-    _require(0 <= s.min_tokens <= s.max_tokens,
-             f"sampling.min_tokens: must be between 0 and sampling.max_tokens ({s.max_tokens}), got {s.min_tokens}")
-    _require(s.repetition_penalty > 0, f"sampling.repetition_penalty: must be > 0, got {s.repetition_penalty}")
+    _check_sampling(s)
     _require(0 < s.vllm.gpu_memory_utilization <= 1,
              f"sampling.vllm.gpu_memory_utilization: must be in (0, 1], got {s.vllm.gpu_memory_utilization}")
 

@@ -165,12 +165,13 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError(f"--k must be >= 1, got {args.k}")
     if args.num_examples < 0:
         raise InputError(f"--num-examples must be >= 0 (0 = all), got {args.num_examples}")
-    if args.temperature < 0:
-        raise InputError(f"--temperature must be >= 0, got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise InputError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if args.max_tokens < 1:
-        raise InputError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    from rlft.config_schema import check_sampling_ranges
+
+    try:
+        check_sampling_ranges({"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens},
+                              label=lambda name: "--" + name.replace("_", "-"))
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
     from rlft.prompts import get_template

@@ -210,6 +210,22 @@ def test_sampling_defaults_are_the_engines_defaults():
     assert {k: getattr(cfg, k) for k in shared} == {k: getattr(spec, k) for k in shared}
 
 
+@pytest.mark.parametrize("name, value, rule", [
+    ("top_p", 0.0, "must be in (0, 1]"), ("temperature", -0.5, "must be >= 0"), ("max_tokens", 0, "must be >= 1")])
+def test_the_config_the_engines_and_the_evaluate_cli_share_one_range_check(name, value, rule):
+    from rlft.engines import SamplingSpec
+    from rlft.evaluate import InputError, build_parser, check_args
+
+    assert error_of(None, [f"sampling.{name}={value}"]) == f"sampling.{name}: {rule}, got {value}"
+    with pytest.raises(ValueError) as spec_error:
+        SamplingSpec(**{name: value}, min_tokens=0).validate()
+    assert str(spec_error.value) == f"SamplingSpec.{name}: {rule}, got {value}"
+    option = "--" + name.replace("_", "-")
+    with pytest.raises(InputError) as cli_error:
+        check_args(build_parser().parse_args(["--model", "some/model", f"{option}={value}"]))
+    assert str(cli_error.value) == f"{option}: {rule}, got {value}"
+
+
 def test_data_parallel_batch_split():
     # 4 policy ranks as 2 stages = 2 replicas: 8 responses -> 4 per replica -> 2 micro-batches of 2.
     topo = ["topology.policy_ranks=[0,1,2,3]", "topology.pipeline_stages=2", "topology.evaluator_rank=4",
