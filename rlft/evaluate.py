@@ -185,7 +185,7 @@ def check_args(args: argparse.Namespace) -> None:
 def build_spec(args: argparse.Namespace):
     """The engine's ``SamplingSpec``: the config's evaluation defaults with the options applied."""
     from rlft.config import SamplingConfig
-    from rlft.roles.rollout import sampling_spec
+    from rlft.engines.base import sampling_spec
 
     cfg = SamplingConfig(top_p=args.top_p, eval_temperature=args.temperature, eval_max_tokens=args.max_tokens)
     # A forced minimum longer than the budget is impossible; cap it.
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rlft.engines import EngineUnavailable, make_engine
-    from rlft.roles.evaluator import evaluate, write_results
+    from rlft.scoring import evaluate, write_results
     from rlft.models import load_tokenizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

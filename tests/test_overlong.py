@@ -7,7 +7,8 @@ import torch
 
 from rlft.config import build_config
 from rlft.overlong import soft_overlong_penalty, truncated_rows
-from rlft.roles.rollout import Rollout, RolloutWorker
+from rlft.roles.generation import Rollout
+from rlft.roles.rollout import RolloutWorker
 
 PAD, BOS, EOS = 0, 1, 2
 
