@@ -15,9 +15,13 @@ from rlft.config_schema import (
     LAUNCHERS,
     ConfigError,
     GRPOConfig,
+    ModelConfig,
+    OptimConfig,
     RewardConfig,
     RunConfig,
     SamplingConfig,
+    ScheduleConfig,
+    SFTConfig,
     TopologyConfig,
     check_sampling_ranges,
 )
@@ -100,13 +104,29 @@ def _check_prompt_template(template: str) -> None:
 
 
 def validate(cfg: RunConfig) -> RunConfig:
-    """Range and consistency checks that types alone cannot express."""
-    g, s, o, sch, t, m = cfg.grpo, cfg.sampling, cfg.optim, cfg.schedule, cfg.topology, cfg.model
+    """Range and consistency checks that types alone cannot express, section by section."""
+    _check_model(cfg.model)
+    _check_grpo(cfg.grpo)
+    _check_reward(cfg.reward)
+    _check_rollout_corrections(cfg.grpo, cfg.sampling)
+    _check_sampling_section(cfg.sampling)
+    _check_optim(cfg.optim, cfg.grpo)
+    _check_schedule(cfg.schedule)
+    _check_output_and_data(cfg)
+    _check_sft(cfg.sft)
+    _check_batch_split(cfg.topology, cfg.optim)
+    return cfg
+
+
+def _check_model(m: ModelConfig) -> None:
     _require(m.dtype in DTYPE_CHOICES, f"model.dtype: must be one of {', '.join(DTYPE_CHOICES)}, got '{m.dtype}'")
     _require(m.attn_implementation in ("sdpa", "eager"),
              f"model.attn_implementation: must be sdpa or eager, got '{m.attn_implementation}'")
     _require(m.padding_side in ("left", "right"), f"model.padding_side: must be left or right, got '{m.padding_side}'")
     _require(bool(m.path), "model.path: must not be empty")
+
+
+def _check_grpo(g: GRPOConfig) -> None:
     _require(g.group_size >= 1, f"grpo.group_size: must be >= 1, got {g.group_size}")
     _require(g.loss_type in POLICY_LOSSES,
              f"grpo.loss_type: unknown loss '{g.loss_type}' (valid: {', '.join(POLICY_LOSSES)})")
@@ -133,19 +153,14 @@ def validate(cfg: RunConfig) -> RunConfig:
     if g.dynamic_sampling:
         _require(g.group_size >= 2, f"grpo.dynamic_sampling: needs grpo.group_size >= 2 (a group of one "
                                     f"never has differing rewards), got {g.group_size}")
-    _check_reward(cfg.reward)
-    _check_rollout_corrections(g, s)
-    _require(sch.time_limit_minutes is None or 0 < sch.time_limit_minutes < float("inf"),
-             f"schedule.time_limit_minutes: must be a number > 0 or null, got {sch.time_limit_minutes}")
 
+
+def _check_sampling_section(s: SamplingConfig) -> None:
     _require(s.backend in backend_choices(),
              f"sampling.backend: must be one of {', '.join(backend_choices())}, got '{s.backend}'")
     _check_sampling(s)
     _require(0 < s.vllm.gpu_memory_utilization <= 1,
              f"sampling.vllm.gpu_memory_utilization: must be in (0, 1], got {s.vllm.gpu_memory_utilization}")
-
-    _require(0 < o.lr < float("inf"), f"optim.lr: must be a finite number > 0, got {o.lr}")
-    _require(0 < o.eps < 1, f"optim.eps: must be in (0, 1), got {o.eps}")
     _require(s.eval_max_tokens is None or s.eval_max_tokens >= 1,
              f"sampling.eval_max_tokens: must be >= 1 or null, got {s.eval_max_tokens}")
     _require(s.eval_max_tokens is None or s.eval_max_tokens >= s.min_tokens,
@@ -155,10 +170,11 @@ def validate(cfg: RunConfig) -> RunConfig:
              f"sampling.vllm.max_model_len: must be >= 1 or null, got {s.vllm.max_model_len}")
     _require(s.vllm.kv_cache_memory_bytes is None or s.vllm.kv_cache_memory_bytes >= 1,
              f"sampling.vllm.kv_cache_memory_bytes: must be >= 1 or null, got {s.vllm.kv_cache_memory_bytes}")
-    _require(cfg.output.keep_checkpoints >= 0,
-             f"output.keep_checkpoints: must be >= 0 (0 = keep all), got {cfg.output.keep_checkpoints}")
-    _require(sch.num_logged_samples >= 1, f"schedule.num_logged_samples: must be >= 1 (log no samples with "
-                                           f"schedule.log_samples_every=0), got {sch.num_logged_samples}")
+
+
+def _check_optim(o: OptimConfig, g: GRPOConfig) -> None:
+    _require(0 < o.lr < float("inf"), f"optim.lr: must be a finite number > 0, got {o.lr}")
+    _require(0 < o.eps < 1, f"optim.eps: must be in (0, 1), got {o.eps}")
     _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
              f"optim.betas: must be two numbers in [0, 1), got {o.betas}")
     _require(o.weight_decay >= 0, f"optim.weight_decay: must be >= 0, got {o.weight_decay}")
@@ -174,6 +190,12 @@ def validate(cfg: RunConfig) -> RunConfig:
              f"optim.rollout_batch_size: must be a multiple of grpo.group_size ({g.group_size}), "
              f"got {o.rollout_batch_size}")
 
+
+def _check_schedule(sch: ScheduleConfig) -> None:
+    _require(sch.time_limit_minutes is None or 0 < sch.time_limit_minutes < float("inf"),
+             f"schedule.time_limit_minutes: must be a number > 0 or null, got {sch.time_limit_minutes}")
+    _require(sch.num_logged_samples >= 1, f"schedule.num_logged_samples: must be >= 1 (log no samples with "
+                                           f"schedule.log_samples_every=0), got {sch.num_logged_samples}")
     _require(sch.steps >= 1, f"schedule.steps: must be >= 1, got {sch.steps}")
     for name in ("evaluate_freq", "save_every", "log_samples_every"):
         v = getattr(sch, name)
@@ -183,6 +205,11 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(sch.max_staleness == 0 or sch.sync_every == 1,
              f"schedule.max_staleness: {sch.max_staleness} needs schedule.sync_every: 1 (got {sch.sync_every}); "
              f"the batches ahead already bound how old the sampler's weights are")
+
+
+def _check_output_and_data(cfg: RunConfig) -> None:
+    _require(cfg.output.keep_checkpoints >= 0,
+             f"output.keep_checkpoints: must be >= 0 (0 = keep all), got {cfg.output.keep_checkpoints}")
     _require(cfg.output.resume in ("auto", "never") or bool(cfg.output.resume),
              "output.resume: must be auto, never or a checkpoint path")
     if cfg.output.resume not in ("auto", "never"):
@@ -197,7 +224,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(cfg.data.train_size is None or cfg.data.train_size >= 1,
              f"data.train_size: must be >= 1 or null, got {cfg.data.train_size}")
 
-    sft = cfg.sft
+
+def _check_sft(sft: SFTConfig) -> None:
     _require(sft.batch_size >= 1, f"sft.batch_size: must be >= 1, got {sft.batch_size}")
     _require(sft.epochs >= 1, f"sft.epochs: must be >= 1, got {sft.epochs}")
     _require(sft.max_steps is None or sft.max_steps >= 1, f"sft.max_steps: must be >= 1 or null, got {sft.max_steps}")
@@ -205,6 +233,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(sft.train_size is None or sft.train_size >= 1,
              f"sft.train_size: must be >= 1 or null, got {sft.train_size}")
 
+
+def _check_batch_split(t: TopologyConfig, o: OptimConfig) -> None:
     check_topology(t)
     _require(0 < t.collective_timeout_minutes < float("inf"),
              f"topology.collective_timeout_minutes: must be a finite number > 0, got {t.collective_timeout_minutes}")
@@ -213,7 +243,6 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(o.rollout_batch_size % dp == 0 and per_replica % o.train_micro_batch_size == 0,
              f"optim.rollout_batch_size: {o.rollout_batch_size} must split evenly into {dp} data-parallel "
              f"replica(s) x micro-batches of optim.train_micro_batch_size={o.train_micro_batch_size}")
-    return cfg
 
 
 def config_warnings(cfg: RunConfig, *, rollouts: bool = True) -> list[str]:
