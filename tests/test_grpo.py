@@ -218,9 +218,10 @@ def test_registry_holds_variants_and_accepts_new_ones():
     with pytest.raises(ValueError, match="already registered"):
         register_policy_loss("grpo_clip", uses_ratio=True)(lambda *a, **k: None)
     # Each record carries the properties the config checks read.
-    assert [name for name, loss in POLICY_LOSSES.items() if loss.uses_ratio] == ["grpo_clip", "dapo", "gspo"]
-    assert [name for name, loss in POLICY_LOSSES.items() if not loss.uses_groups] == ["no_baseline"]
-    assert {name: loss.requires for name, loss in POLICY_LOSSES.items() if loss.requires} == {"dapo": ("cliprange_high",)}
+    assert {name: (loss.uses_ratio, loss.uses_groups, loss.requires) for name, loss in POLICY_LOSSES.items()
+            if name in builtin} == {"no_baseline": (False, False, ()), "reinforce_with_baseline": (False, True, ()),
+                                    "grpo_clip": (True, True, ()), "dapo": (True, True, ("cliprange_high",)),
+                                    "gspo": (True, True, ())}
 
     @register_policy_loss("_test_double_reinforce", uses_ratio=False)
     def _double(policy_log_probs, *, advantages, **_):
