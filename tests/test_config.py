@@ -159,8 +159,8 @@ def test_every_registered_choice_is_accepted_and_nothing_else():
     from rlft.grpo import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
 
     assert {"no_baseline", "reinforce_with_baseline", "grpo_clip", "dapo", "gspo"} <= set(POLICY_LOSSES)
-    for loss in POLICY_LOSSES:
-        extra = {"no_baseline": ["grpo.group_size=1"], "dapo": ["grpo.cliprange_high=0.28"]}.get(loss, [])
+    for loss, record in POLICY_LOSSES.items():  # with what its record says it needs
+        extra = [f"grpo.{key}=0.28" for key in record.requires] + ([] if record.uses_groups else ["grpo.group_size=1"])
         assert load_config(None, [f"grpo.loss_type={loss}", *extra]).grpo.loss_type == loss
     for estimator in KL_ESTIMATORS:
         assert load_config(None, [f"grpo.kl_estimator={estimator}"]).grpo.kl_estimator == estimator
