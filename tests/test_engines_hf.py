@@ -370,9 +370,9 @@ def test_a_registered_backend_is_built_chosen_and_described_by_its_record(tokeni
     from rlft.runtime.rank import may_host_gpu_process_engine
     from rlft.topology import roles_for_rank
 
-    assert backend_choices() == ("auto", "vllm", "hf")
-    assert {b.name: b.own_gpu_process for b in BACKENDS.values()} == {"vllm": True, "hf": False}
-    assert [b.name for b in candidates("auto")] == ["vllm", "hf"] and candidates("hf") == [BACKENDS["hf"]]
+    assert backend_choices() == ("auto", *BACKENDS) and list(BACKENDS)[:2] == ["vllm", "hf"]  # auto tries vLLM first
+    assert (BACKENDS["vllm"].own_gpu_process, BACKENDS["hf"].own_gpu_process) == (True, False)
+    assert candidates("auto") == list(BACKENDS.values()) and candidates("hf") == [BACKENDS["hf"]]
     # A new engine is one record: the config accepts it, make_engine builds it, `auto` tries it in
     # order, and a rank that may build it restricts its GPU when the record says it needs to.
     path = save_model(chain_model(tokenizer), tokenizer, tmp_path / "chain")
