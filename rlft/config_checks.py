@@ -10,18 +10,15 @@ from pathlib import Path
 # The allowed values of the choice settings are read from where each choice is implemented, so a
 # new loss, KL estimator, aggregation or backend is accepted as soon as it is registered there.
 from rlft.common import DTYPE_CHOICES
+from rlft import config_schema as schema
 from rlft.config_schema import (
     CHECKPOINT_STATE_FILE,
     LAUNCHERS,
     ConfigError,
     GRPOConfig,
-    ModelConfig,
-    OptimConfig,
     RewardConfig,
     RunConfig,
     SamplingConfig,
-    ScheduleConfig,
-    SFTConfig,
     TopologyConfig,
     check_sampling_ranges,
 )
@@ -118,7 +115,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-def _check_model(m: ModelConfig) -> None:
+def _check_model(m: schema.ModelConfig) -> None:
     _require(m.dtype in DTYPE_CHOICES, f"model.dtype: must be one of {', '.join(DTYPE_CHOICES)}, got '{m.dtype}'")
     _require(m.attn_implementation in ("sdpa", "eager"),
              f"model.attn_implementation: must be sdpa or eager, got '{m.attn_implementation}'")
@@ -172,7 +169,7 @@ def _check_sampling_section(s: SamplingConfig) -> None:
              f"sampling.vllm.kv_cache_memory_bytes: must be >= 1 or null, got {s.vllm.kv_cache_memory_bytes}")
 
 
-def _check_optim(o: OptimConfig, g: GRPOConfig) -> None:
+def _check_optim(o: schema.OptimConfig, g: GRPOConfig) -> None:
     _require(0 < o.lr < float("inf"), f"optim.lr: must be a finite number > 0, got {o.lr}")
     _require(0 < o.eps < 1, f"optim.eps: must be in (0, 1), got {o.eps}")
     _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
@@ -191,7 +188,7 @@ def _check_optim(o: OptimConfig, g: GRPOConfig) -> None:
              f"got {o.rollout_batch_size}")
 
 
-def _check_schedule(sch: ScheduleConfig) -> None:
+def _check_schedule(sch: schema.ScheduleConfig) -> None:
     _require(sch.time_limit_minutes is None or 0 < sch.time_limit_minutes < float("inf"),
              f"schedule.time_limit_minutes: must be a number > 0 or null, got {sch.time_limit_minutes}")
     _require(sch.num_logged_samples >= 1, f"schedule.num_logged_samples: must be >= 1 (log no samples with "
@@ -225,7 +222,7 @@ def _check_output_and_data(cfg: RunConfig) -> None:
              f"data.train_size: must be >= 1 or null, got {cfg.data.train_size}")
 
 
-def _check_sft(sft: SFTConfig) -> None:
+def _check_sft(sft: schema.SFTConfig) -> None:
     _require(sft.batch_size >= 1, f"sft.batch_size: must be >= 1, got {sft.batch_size}")
     _require(sft.epochs >= 1, f"sft.epochs: must be >= 1, got {sft.epochs}")
     _require(sft.max_steps is None or sft.max_steps >= 1, f"sft.max_steps: must be >= 1 or null, got {sft.max_steps}")
@@ -234,7 +231,7 @@ def _check_sft(sft: SFTConfig) -> None:
              f"sft.train_size: must be >= 1 or null, got {sft.train_size}")
 
 
-def _check_batch_split(t: TopologyConfig, o: OptimConfig) -> None:
+def _check_batch_split(t: TopologyConfig, o: schema.OptimConfig) -> None:
     check_topology(t)
     _require(0 < t.collective_timeout_minutes < float("inf"),
              f"topology.collective_timeout_minutes: must be a finite number > 0, got {t.collective_timeout_minutes}")
