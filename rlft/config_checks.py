@@ -10,6 +10,7 @@ from pathlib import Path
 # The allowed values of the choice settings are read from where each choice is implemented, so a
 # new loss, KL estimator, aggregation or backend is accepted as soon as it is registered there.
 from rlft.common import DTYPE_CHOICES
+from rlft import config_schema as schema
 from rlft.config_schema import (
     CHECKPOINT_STATE_FILE,
     LAUNCHERS,
@@ -19,9 +20,10 @@ from rlft.config_schema import (
     RunConfig,
     SamplingConfig,
     TopologyConfig,
+    check_sampling_ranges,
 )
-from rlft.engines import BACKENDS
-from rlft.grpo import AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
+from rlft.engines import backend_choices
+from rlft.grpo import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
 from rlft.overlong import OVERLONG_MODES
 
 
@@ -58,6 +60,37 @@ def _check_rollout_corrections(g: GRPOConfig, s: SamplingConfig) -> None:
              f"grpo.overlong_penalty: must be a finite number >= 0, got {g.overlong_penalty}")
 
 
+def _check_loss_needs(g: GRPOConfig) -> None:
+    """What the chosen loss's record says it needs (`rlft.grpo.losses.PolicyLoss`)."""
+    loss = POLICY_LOSSES[g.loss_type]
+    for key in loss.requires:
+        _require(getattr(g, key) is not None, f"grpo.{key}: required when grpo.loss_type is {g.loss_type}")
+    _require(loss.uses_groups or g.group_size == 1,
+             f"grpo.group_size: loss_type {g.loss_type} uses no groups; set grpo.group_size=1 (got {g.group_size})")
+
+
+def _check_sampling(s: SamplingConfig) -> None:
+    try:
+        check_sampling_ranges({"top_p": s.top_p, "temperature": s.temperature, "max_tokens": s.max_tokens,
+                               "min_tokens": s.min_tokens, "repetition_penalty": s.repetition_penalty},
+                              label=lambda name: f"sampling.{name}")
+        check_sampling_ranges({"temperature": s.eval_temperature}, label=lambda name: "sampling.eval_temperature")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_deepspeed_config(path: str | None) -> None:
+    if path is None:
+        return
+    import json
+
+    try:
+        ds = json.loads(Path(path).expanduser().read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"deepspeed_config: cannot read {path} as JSON ({e})") from None
+    _require(isinstance(ds, dict), f"deepspeed_config: {path} must hold a JSON object, got {type(ds).__name__}")
+
+
 def _check_prompt(cfg: RunConfig) -> None:
     from rlft.prompts import prompt_of
     from rlft.reward.formats import get_answer_format
@@ -80,25 +113,43 @@ def _check_prompt(cfg: RunConfig) -> None:
 
 
 def validate(cfg: RunConfig) -> RunConfig:
-    """Range and consistency checks that types alone cannot express."""
-    g, s, o, sch, t, m = cfg.grpo, cfg.sampling, cfg.optim, cfg.schedule, cfg.topology, cfg.model
+    """Range and consistency checks that types alone cannot express, section by section."""
+    _check_model(cfg.model)
+    _check_grpo(cfg.grpo)
+    _check_reward(cfg.reward)
+    _check_rollout_corrections(cfg.grpo, cfg.sampling)
+    _check_sampling_section(cfg.sampling)
+    _check_optim(cfg.optim, cfg.grpo)
+    _check_schedule(cfg.schedule)
+    _check_output_and_data(cfg)
+    _check_sft(cfg.sft)
+    _check_batch_split(cfg.topology, cfg.optim)
+    return cfg
+
+
+def _check_model(m: schema.ModelConfig) -> None:
     _require(m.dtype in DTYPE_CHOICES, f"model.dtype: must be one of {', '.join(DTYPE_CHOICES)}, got '{m.dtype}'")
     _require(m.attn_implementation in ("sdpa", "eager"),
              f"model.attn_implementation: must be sdpa or eager, got '{m.attn_implementation}'")
     _require(m.padding_side in ("left", "right"), f"model.padding_side: must be left or right, got '{m.padding_side}'")
     _require(bool(m.path), "model.path: must not be empty")
+
+
+def _check_grpo(g: GRPOConfig) -> None:
     _require(g.group_size >= 1, f"grpo.group_size: must be >= 1, got {g.group_size}")
     _require(g.loss_type in POLICY_LOSSES,
              f"grpo.loss_type: unknown loss '{g.loss_type}' (valid: {', '.join(POLICY_LOSSES)})")
     _require(g.cliprange > 0, f"grpo.cliprange: must be > 0, got {g.cliprange}")
-    if g.loss_type == "dapo":
-        _require(g.cliprange_high is not None, "grpo.cliprange_high: required when grpo.loss_type is dapo")
+    _check_loss_needs(g)
     if g.cliprange_high is not None:
         _require(g.cliprange_high > 0, f"grpo.cliprange_high: must be > 0, got {g.cliprange_high}")
     _require(g.advantage_eps >= 0, f"grpo.advantage_eps: must be >= 0, got {g.advantage_eps}")
-    if g.normalize_by_std:
-        _require(g.advantage_eps > 0, f"grpo.advantage_eps: must be > 0 when grpo.normalize_by_std is true (a group "
-                                      f"whose rewards are all equal would divide 0 by 0), got {g.advantage_eps}")
+    _require(g.advantage_estimator in ADVANTAGE_ESTIMATORS, f"grpo.advantage_estimator: must be one of "
+             f"{', '.join(ADVANTAGE_ESTIMATORS)}, got '{g.advantage_estimator}'")
+    if ADVANTAGE_ESTIMATORS[g.advantage_estimator].divides_by_std:
+        _require(g.advantage_eps > 0, f"grpo.advantage_eps: must be > 0 with grpo.advantage_estimator "
+                                      f"{g.advantage_estimator}, which divides by the group std (a group whose "
+                                      f"rewards are all equal would divide 0 by 0), got {g.advantage_eps}")
     _require(g.kl_coef >= 0, f"grpo.kl_coef: must be >= 0, got {g.kl_coef}")
     _require(g.kl_estimator in KL_ESTIMATORS,
              f"grpo.kl_estimator: must be one of {', '.join(KL_ESTIMATORS)}, got '{g.kl_estimator}'")
@@ -111,27 +162,14 @@ def validate(cfg: RunConfig) -> RunConfig:
     if g.dynamic_sampling:
         _require(g.group_size >= 2, f"grpo.dynamic_sampling: needs grpo.group_size >= 2 (a group of one "
                                     f"never has differing rewards), got {g.group_size}")
-    _check_reward(cfg.reward)
-    _check_rollout_corrections(g, s)
-    _require(sch.time_limit_minutes is None or 0 < sch.time_limit_minutes < float("inf"),
-             f"schedule.time_limit_minutes: must be a number > 0 or null, got {sch.time_limit_minutes}")
-    if g.loss_type == "no_baseline" and g.group_size != 1:
-        raise ConfigError(f"grpo.group_size: loss_type no_baseline uses no groups; set grpo.group_size=1 "
-                          f"(got {g.group_size})")
 
-    _require(s.backend in BACKENDS, f"sampling.backend: must be one of {', '.join(BACKENDS)}, got '{s.backend}'")
-    _require(0 < s.top_p <= 1, f"sampling.top_p: must be in (0, 1], got {s.top_p}")
-    _require(s.temperature >= 0, f"sampling.temperature: must be >= 0, got {s.temperature}")
-    _require(s.eval_temperature >= 0, f"sampling.eval_temperature: must be >= 0, got {s.eval_temperature}")
-    _require(s.max_tokens >= 1, f"sampling.max_tokens: must be >= 1, got {s.max_tokens}")
-    _require(0 <= s.min_tokens <= s.max_tokens,
-             f"sampling.min_tokens: must be between 0 and sampling.max_tokens ({s.max_tokens}), got {s.min_tokens}")
-    _require(s.repetition_penalty > 0, f"sampling.repetition_penalty: must be > 0, got {s.repetition_penalty}")
+
+def _check_sampling_section(s: SamplingConfig) -> None:
+    _require(s.backend in backend_choices(),
+             f"sampling.backend: must be one of {', '.join(backend_choices())}, got '{s.backend}'")
+    _check_sampling(s)
     _require(0 < s.vllm.gpu_memory_utilization <= 1,
              f"sampling.vllm.gpu_memory_utilization: must be in (0, 1], got {s.vllm.gpu_memory_utilization}")
-
-    _require(0 < o.lr < float("inf"), f"optim.lr: must be a finite number > 0, got {o.lr}")
-    _require(0 < o.eps < 1, f"optim.eps: must be in (0, 1), got {o.eps}")
     _require(s.eval_max_tokens is None or s.eval_max_tokens >= 1,
              f"sampling.eval_max_tokens: must be >= 1 or null, got {s.eval_max_tokens}")
     _require(s.eval_max_tokens is None or s.eval_max_tokens >= s.min_tokens,
@@ -141,10 +179,11 @@ def validate(cfg: RunConfig) -> RunConfig:
              f"sampling.vllm.max_model_len: must be >= 1 or null, got {s.vllm.max_model_len}")
     _require(s.vllm.kv_cache_memory_bytes is None or s.vllm.kv_cache_memory_bytes >= 1,
              f"sampling.vllm.kv_cache_memory_bytes: must be >= 1 or null, got {s.vllm.kv_cache_memory_bytes}")
-    _require(cfg.output.keep_checkpoints >= 0,
-             f"output.keep_checkpoints: must be >= 0 (0 = keep all), got {cfg.output.keep_checkpoints}")
-    _require(sch.num_logged_samples >= 1, f"schedule.num_logged_samples: must be >= 1 (log no samples with "
-                                           f"schedule.log_samples_every=0), got {sch.num_logged_samples}")
+
+
+def _check_optim(o: schema.OptimConfig, g: GRPOConfig) -> None:
+    _require(0 < o.lr < float("inf"), f"optim.lr: must be a finite number > 0, got {o.lr}")
+    _require(0 < o.eps < 1, f"optim.eps: must be in (0, 1), got {o.eps}")
     _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
              f"optim.betas: must be two numbers in [0, 1), got {o.betas}")
     _require(o.weight_decay >= 0, f"optim.weight_decay: must be >= 0, got {o.weight_decay}")
@@ -160,6 +199,12 @@ def validate(cfg: RunConfig) -> RunConfig:
              f"optim.rollout_batch_size: must be a multiple of grpo.group_size ({g.group_size}), "
              f"got {o.rollout_batch_size}")
 
+
+def _check_schedule(sch: schema.ScheduleConfig) -> None:
+    _require(sch.time_limit_minutes is None or 0 < sch.time_limit_minutes < float("inf"),
+             f"schedule.time_limit_minutes: must be a number > 0 or null, got {sch.time_limit_minutes}")
+    _require(sch.num_logged_samples >= 1, f"schedule.num_logged_samples: must be >= 1 (log no samples with "
+                                           f"schedule.log_samples_every=0), got {sch.num_logged_samples}")
     _require(sch.steps >= 1, f"schedule.steps: must be >= 1, got {sch.steps}")
     for name in ("evaluate_freq", "save_every", "log_samples_every"):
         v = getattr(sch, name)
@@ -169,6 +214,11 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(sch.max_staleness == 0 or sch.sync_every == 1,
              f"schedule.max_staleness: {sch.max_staleness} needs schedule.sync_every: 1 (got {sch.sync_every}); "
              f"the batches ahead already bound how old the sampler's weights are")
+
+
+def _check_output_and_data(cfg: RunConfig) -> None:
+    _require(cfg.output.keep_checkpoints >= 0,
+             f"output.keep_checkpoints: must be >= 0 (0 = keep all), got {cfg.output.keep_checkpoints}")
     _require(cfg.output.resume in ("auto", "never") or bool(cfg.output.resume),
              "output.resume: must be auto, never or a checkpoint path")
     if cfg.output.resume not in ("auto", "never"):
@@ -176,13 +226,15 @@ def validate(cfg: RunConfig) -> RunConfig:
                  f"output.resume: {cfg.output.resume} is not a complete rlft checkpoint (no {CHECKPOINT_STATE_FILE}); "
                  f"use auto, never, or a directory OUT/checkpoints/step_N")
     _check_prompt(cfg)
+    _check_deepspeed_config(cfg.deepspeed_config)
     _require(cfg.device in ("auto", "cuda", "cpu"), f"device: must be auto, cuda or cpu, got '{cfg.device}'")
     _require(cfg.data.eval_size is None or cfg.data.eval_size >= 1,
              f"data.eval_size: must be >= 1 or null, got {cfg.data.eval_size}")
     _require(cfg.data.train_size is None or cfg.data.train_size >= 1,
              f"data.train_size: must be >= 1 or null, got {cfg.data.train_size}")
 
-    sft = cfg.sft
+
+def _check_sft(sft: schema.SFTConfig) -> None:
     _require(sft.batch_size >= 1, f"sft.batch_size: must be >= 1, got {sft.batch_size}")
     _require(sft.epochs >= 1, f"sft.epochs: must be >= 1, got {sft.epochs}")
     _require(sft.max_steps is None or sft.max_steps >= 1, f"sft.max_steps: must be >= 1 or null, got {sft.max_steps}")
@@ -190,6 +242,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(sft.train_size is None or sft.train_size >= 1,
              f"sft.train_size: must be >= 1 or null, got {sft.train_size}")
 
+
+def _check_batch_split(t: TopologyConfig, o: schema.OptimConfig) -> None:
     check_topology(t)
     _require(0 < t.collective_timeout_minutes < float("inf"),
              f"topology.collective_timeout_minutes: must be a finite number > 0, got {t.collective_timeout_minutes}")
@@ -198,7 +252,6 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(o.rollout_batch_size % dp == 0 and per_replica % o.train_micro_batch_size == 0,
              f"optim.rollout_batch_size: {o.rollout_batch_size} must split evenly into {dp} data-parallel "
              f"replica(s) x micro-batches of optim.train_micro_batch_size={o.train_micro_batch_size}")
-    return cfg
 
 
 def config_warnings(cfg: RunConfig, *, rollouts: bool = True) -> list[str]:
@@ -210,7 +263,7 @@ def config_warnings(cfg: RunConfig, *, rollouts: bool = True) -> list[str]:
         found.append(f"sampling.temperature is 0 with grpo.group_size {g.group_size}: the responses to a prompt are "
                      f"identical, so every group's advantages are 0 and the policy learns nothing; sample with "
                      f"sampling.temperature > 0")
-    if rollouts and cfg.schedule.max_staleness and g.loss_type in ("no_baseline", "reinforce_with_baseline") \
+    if rollouts and cfg.schedule.max_staleness and not POLICY_LOSSES[g.loss_type].uses_ratio \
             and g.rollout_is == "none":
         found.append(f"schedule.max_staleness is {cfg.schedule.max_staleness} with grpo.loss_type {g.loss_type}, "
                      f"which has no importance ratio: batches sampled by older weights are used uncorrected; "

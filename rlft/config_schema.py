@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 # DeepSpeed's multi-node launchers (`deepspeed --launcher`), and its per-node mode without ssh.
@@ -55,8 +56,37 @@ class VLLMConfig:
     kv_cache_memory_bytes: int | None = None  # CPU engines: KV cache size (default 256 MiB)
 
 
+# The sampling parameters' ranges, checked in one place for the config (sampling.*), the engines
+# (SamplingSpec, which takes its defaults from SamplingConfig below) and python -m rlft.evaluate.
+SAMPLING_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "temperature": (lambda v: v >= 0, "must be >= 0"),
+    "top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "max_tokens": (lambda v: v >= 1, "must be >= 1"),
+    "repetition_penalty": (lambda v: v > 0, "must be > 0"),
+    "n": (lambda v: v >= 1, "must be >= 1"),
+}
+
+
+def check_sampling_ranges(values: dict[str, float], label: Callable[[str], str] = str) -> None:
+    """Raise ``ValueError("<label(name)>: <rule>, got <value>")`` for the first value out of its
+    range; ``min_tokens`` must lie between 0 and ``max_tokens`` when both are given.  ``values`` are
+    keyed by the parameter's name (:data:`SAMPLING_RANGES`); ``label`` names it as the caller's
+    user knows it (``sampling.top_p``, ``--top-p``)."""
+    for name, value in values.items():
+        if name == "min_tokens":
+            top = values.get("max_tokens")
+            if not 0 <= value <= (value if top is None else top):
+                raise ValueError(f"{label(name)}: must be between 0 and {label('max_tokens')} ({top}), got {value}")
+            continue
+        ok, rule = SAMPLING_RANGES[name]
+        if not ok(value):
+            raise ValueError(f"{label(name)}: {rule}, got {value}")
+
+
 @dataclass
 class SamplingConfig:
+    # The engines' sampling parameters (vLLM's semantics: rlft.engines.base.SamplingSpec, whose
+    # defaults are these), then what only the run needs.
     backend: str = "auto"  # auto picks vLLM when it is installed and supported
     temperature: float = 1.0
     top_p: float = 1.0
@@ -77,7 +107,7 @@ class GRPOConfig:
     cliprange: float = 0.2
     cliprange_high: float | None = None  # DAPO clip-higher upper bound (loss_type dapo)
     advantage_eps: float = 1e-6
-    normalize_by_std: bool = True  # False + aggregation constant = Dr. GRPO
+    advantage_estimator: str = "grpo"  # grpo (÷ group std) | dr_grpo (mean only; with aggregation constant = Dr. GRPO)
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     aggregation: str = "sequence"  # sequence (the original) | token | constant (Dr. GRPO)
@@ -215,6 +245,9 @@ class RunConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     seed: int = 0
     device: str = "auto"  # auto | cuda | cpu
+    # The policy's DeepSpeed JSON (null = ds_configs/pipeline_bf16.json or pipeline_fp32.json by dtype);
+    # the values the YAML also sets (micro-batch, accumulation, clipping, checkpointing) come from the YAML.
+    deepspeed_config: str | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -130,7 +130,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from rlft.config import SamplingConfig
-    from rlft.engines import BACKENDS
+    from rlft.engines import backend_choices
 
     d = SamplingConfig()
     p = _OneLineParser(prog=f"python -m {PROG}", description=__doc__,
@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=d.top_p, help="nucleus sampling (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens,
                    help="most tokens generated per response (default: %(default)s)")
-    p.add_argument("--backend", choices=BACKENDS, default="auto",
+    p.add_argument("--backend", choices=backend_choices(), default="auto",
                    help="rollout engine; auto = vLLM when installed and supported, else HF generate "
                         "(default: %(default)s)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
@@ -180,12 +180,13 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError(f"--k must be >= 1, got {args.k}")
     if args.num_examples < 0:
         raise InputError(f"--num-examples must be >= 0 (0 = all), got {args.num_examples}")
-    if args.temperature < 0:
-        raise InputError(f"--temperature must be >= 0, got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise InputError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if args.max_tokens < 1:
-        raise InputError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    from rlft.config_schema import check_sampling_ranges
+
+    try:
+        check_sampling_ranges({"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens},
+                              label=lambda name: "--" + name.replace("_", "-"))
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     if not 0 < args.gpu_memory_utilization <= 1:
         raise InputError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
     if args.batch_size is not None and args.batch_size < 1:
@@ -226,8 +227,8 @@ def build_spec(args: argparse.Namespace):
     """The engine's ``SamplingSpec``: the config's evaluation defaults with the options applied (stop
     strings: the answer format's)."""
     from rlft.config import SamplingConfig
+    from rlft.engines.base import sampling_spec
     from rlft.reward.formats import get_answer_format
-    from rlft.roles.rollout import sampling_spec
 
     fmt = get_answer_format(args.prompt.answer_format if hasattr(args, "prompt") else "r1_tags")
     run = getattr(args, "run_config", None)
@@ -339,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rlft.engines import EngineUnavailable, make_engine
-    from rlft.roles.evaluator import evaluate, write_results
+    from rlft.scoring import evaluate, write_results
     from rlft.models import load_tokenizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -360,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = make_engine(args.backend, model_path, dtype=resolve_dtype(args.dtype, device), device=device,
                              seed=args.seed, tokenizer=tokenizer,
-                             vllm_options={"gpu_memory_utilization": args.gpu_memory_utilization} if device == "cuda" else None)
+                             options={"gpu_memory_utilization": args.gpu_memory_utilization} if device == "cuda" else None)
     except OSError as exc:  # e.g. a hub id while offline, or a directory without a tokenizer
         print(f"{PROG}: error: could not load {args.model!r}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT

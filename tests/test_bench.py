@@ -171,6 +171,9 @@ def test_trl_arguments_describe_the_same_step():
     assert kw["max_completion_length"] == 512 and kw["generation_kwargs"] == {"min_tokens": 512}
     assert kw["use_vllm"] and kw["vllm_mode"] == "colocate" and kw["max_steps"] == 6
     assert kw["beta"] == 0.0 and kw["loss_type"] == "grpo" and kw["learning_rate"] == cfg.optim.lr
+    assert kw["scale_rewards"] == "group"
+    mean_only, _ = grpo_config_kwargs({**spec, "grpo": {**spec["grpo"], "advantage_estimator": "dr_grpo"}})
+    assert mean_only["scale_rewards"] == "none"
     two, _ = grpo_config_kwargs({**spec, "num_processes": 2})
     assert two["gradient_accumulation_steps"] == 32
     kept, dropped = grpo_config_kwargs(spec, known_fields=set(kw) - {"max_prompt_length"})

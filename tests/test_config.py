@@ -43,7 +43,7 @@ def test_defaults_are_the_documented_ones():
     assert g.loss_type == "grpo_clip"
     assert g.cliprange == 0.2
     assert g.cliprange_high is None
-    assert g.normalize_by_std is True
+    assert g.advantage_estimator == "grpo"
     assert s.temperature == 1.0
     assert s.top_p == 1.0
     assert s.min_tokens == 4
@@ -159,22 +159,45 @@ def test_dapo_needs_and_accepts_cliprange_high():
 def test_every_registered_choice_is_accepted_and_nothing_else():
     # The config reads its allowed values from the registries; a registry and the config can no
     # longer disagree (gspo was registered and documented, yet refused by the config).
-    from rlft.engines import BACKENDS
-    from rlft.grpo import AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+    from rlft.engines import backend_choices
+    from rlft.grpo import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
 
     assert {"no_baseline", "reinforce_with_baseline", "grpo_clip", "dapo", "gspo"} <= set(POLICY_LOSSES)
-    for loss in POLICY_LOSSES:
-        extra = {"no_baseline": ["grpo.group_size=1"], "dapo": ["grpo.cliprange_high=0.28"]}.get(loss, [])
+    for loss, record in POLICY_LOSSES.items():  # with what its record says it needs
+        extra = [f"grpo.{key}=0.28" for key in record.requires] + ([] if record.uses_groups else ["grpo.group_size=1"])
         assert load_config(None, [f"grpo.loss_type={loss}", *extra]).grpo.loss_type == loss
     for estimator in KL_ESTIMATORS:
         assert load_config(None, [f"grpo.kl_estimator={estimator}"]).grpo.kl_estimator == estimator
+    for estimator in ADVANTAGE_ESTIMATORS:
+        assert load_config(None, [f"grpo.advantage_estimator={estimator}"]).grpo.advantage_estimator == estimator
     for mode in AGGREGATION_MODES:
         assert load_config(None, [f"grpo.aggregation={mode}"]).grpo.aggregation == mode
-    for backend in BACKENDS:
+    for backend in backend_choices():
         assert load_config(None, [f"sampling.backend={backend}"]).sampling.backend == backend
-    for key in ("grpo.loss_type", "grpo.kl_estimator", "grpo.aggregation", "sampling.backend"):
+    for key in ("grpo.loss_type", "grpo.kl_estimator", "grpo.advantage_estimator", "grpo.aggregation",
+                "sampling.backend"):
         with pytest.raises(ConfigError, match=key):
             load_config(None, [f"{key}=no_such_choice"])
+
+
+def test_a_new_loss_is_checked_by_the_properties_it_registers():
+    # The checks read the loss's record, not its name: a loss registered as needing
+    # grpo.cliprange_high, no groups and no ratio is held to exactly that.
+    from rlft.config import config_warnings
+    from rlft.grpo import POLICY_LOSSES, register_policy_loss
+
+    register_policy_loss("_test_loss", uses_ratio=False, uses_groups=False, requires=("cliprange_high",))(
+        lambda policy_log_probs, **_: (-policy_log_probs, {}))
+    try:
+        with pytest.raises(ConfigError, match="grpo.cliprange_high: required when grpo.loss_type is _test_loss"):
+            load_config(None, ["grpo.loss_type=_test_loss", "grpo.group_size=1"])
+        with pytest.raises(ConfigError, match="grpo.group_size: loss_type _test_loss uses no groups"):
+            load_config(None, ["grpo.loss_type=_test_loss", "grpo.cliprange_high=0.3"])
+        cfg = load_config(None, ["grpo.loss_type=_test_loss", "grpo.cliprange_high=0.3", "grpo.group_size=1",
+                                 "schedule.max_staleness=1"])
+        assert any("which has no importance ratio" in w for w in config_warnings(cfg))
+    finally:
+        POLICY_LOSSES.pop("_test_loss")
 
 
 def test_sampling_defaults_are_the_engines_defaults():
@@ -189,6 +212,22 @@ def test_sampling_defaults_are_the_engines_defaults():
     assert shared == {"temperature", "top_p", "min_tokens", "max_tokens", "stop", "include_stop_str_in_output",
                       "repetition_penalty"}
     assert {k: getattr(cfg, k) for k in shared} == {k: getattr(spec, k) for k in shared}
+
+
+@pytest.mark.parametrize("name, value, rule", [
+    ("top_p", 0.0, "must be in (0, 1]"), ("temperature", -0.5, "must be >= 0"), ("max_tokens", 0, "must be >= 1")])
+def test_the_config_the_engines_and_the_evaluate_cli_share_one_range_check(name, value, rule):
+    from rlft.engines import SamplingSpec
+    from rlft.evaluate import InputError, build_parser, check_args
+
+    assert error_of(None, [f"sampling.{name}={value}"]) == f"sampling.{name}: {rule}, got {value}"
+    with pytest.raises(ValueError) as spec_error:
+        SamplingSpec(**{name: value}, min_tokens=0).validate()
+    assert str(spec_error.value) == f"SamplingSpec.{name}: {rule}, got {value}"
+    option = "--" + name.replace("_", "-")
+    with pytest.raises(InputError) as cli_error:
+        check_args(build_parser().parse_args(["--model", "some/model", f"{option}={value}"]))
+    assert str(cli_error.value) == f"{option}: {rule}, got {value}"
 
 
 def test_data_parallel_batch_split():
@@ -220,7 +259,7 @@ def test_data_parallel_batch_split():
     (["grpo.group_size=true"], "grpo.group_size: expected an integer, got True"),
     (["sampling.temperature=[1]"], "sampling.temperature: expected a number, got [1]"),
     (["sampling.temperature=hot"], "sampling.temperature: expected a number, got 'hot'"),
-    (["grpo.normalize_by_std=3"], "grpo.normalize_by_std: expected true or false, got 3"),
+    (["grpo.dynamic_sampling=3"], "grpo.dynamic_sampling: expected true or false, got 3"),
     (["optim.betas=0.9"], "optim.betas: expected a list, got 0.9"),
     (["optim.betas=[0.9, x]"], "optim.betas[1]: expected a number, got 'x'"),
     (["grpo=3"], "grpo: expected a mapping of settings, got 3"),
@@ -248,8 +287,9 @@ def test_data_parallel_batch_split():
     (["sampling.min_tokens=8", "sampling.eval_max_tokens=4"],
      "sampling.eval_max_tokens: must be >= sampling.min_tokens (8), the evaluation's forced minimum, got 4"),
     (["grpo.advantage_eps=0"],
-     "grpo.advantage_eps: must be > 0 when grpo.normalize_by_std is true (a group whose rewards are all equal "
-     "would divide 0 by 0), got 0.0"),
+     "grpo.advantage_eps: must be > 0 with grpo.advantage_estimator grpo, which divides by the group std (a group "
+     "whose rewards are all equal would divide 0 by 0), got 0.0"),
+    (["grpo.advantage_estimator=rloo"], "grpo.advantage_estimator: must be one of grpo, dr_grpo, got 'rloo'"),
     (["data.prompt_template=r1"],
      "data.prompt_template: unknown prompt template 'r1': use one of ['question_only', 'r1_short', 'r1_zero', 'chat'] "
      "or a literal template string containing '{question}'"),
@@ -263,7 +303,7 @@ def test_override_errors(overrides, message):
 
 def test_settings_that_fail_only_later_are_refused_up_front(tmp_path):
     # Each of these used to pass the checks and fail after start-up (or run on, producing NaN).
-    assert load_config(None, ["grpo.advantage_eps=0", "grpo.normalize_by_std=false"]).grpo.advantage_eps == 0
+    assert load_config(None, ["grpo.advantage_eps=0", "grpo.advantage_estimator=dr_grpo"]).grpo.advantage_eps == 0
     assert load_config(None, ["sampling.min_tokens=4", "sampling.eval_max_tokens=4"]).sampling.eval_max_tokens == 4
     assert load_config(None, ["data.prompt_template=Q: {question} A:"]).data.prompt_template == "Q: {question} A:"
     missing = tmp_path / "checkpoints" / "step_000010"

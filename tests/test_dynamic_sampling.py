@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from rlft.dynamic_sampling import GroupPool, group_rows, informative_groups
-from rlft.roles.rollout import Rollout
+from rlft.roles.generation import Rollout
 
 
 def test_informative_groups_flags_groups_whose_rewards_differ():

@@ -364,6 +364,36 @@ def test_make_engine_hf_from_a_saved_model(tokenizer, tmp_path):
         make_engine("tgi", path)
 
 
+def test_a_registered_backend_is_built_chosen_and_described_by_its_record(tokenizer, tmp_path, monkeypatch):
+    from rlft.config import load_config
+    from rlft.engines import BACKENDS, Backend, backend_choices, candidates, resolve_backend
+    from rlft.runtime.rank import may_host_gpu_process_engine
+    from rlft.topology import roles_for_rank
+
+    assert backend_choices() == ("auto", *BACKENDS) and list(BACKENDS)[:2] == ["vllm", "hf"]  # auto tries vLLM first
+    assert (BACKENDS["vllm"].own_gpu_process, BACKENDS["hf"].own_gpu_process) == (True, False)
+    assert candidates("auto") == list(BACKENDS.values()) and candidates("hf") == [BACKENDS["hf"]]
+    # A new engine is one record: the config accepts it, make_engine builds it, `auto` tries it in
+    # order, and a rank that may build it restricts its GPU when the record says it needs to.
+    path = save_model(chain_model(tokenizer), tokenizer, tmp_path / "chain")
+    built = []
+
+    def build(model_path, *, options, **common):
+        built.append((model_path, options))
+        return HFEngine(model_path, **common)
+
+    new = {"greedy_hf": Backend("greedy_hf", build, own_gpu_process=True,
+                                usable=lambda model_path, device: (device == "cpu", "CPU only"))}
+    monkeypatch.setattr("rlft.engines.BACKENDS", {**new, **BACKENDS})
+    cfg = load_config(None, ["sampling.backend=greedy_hf", "topology.policy_ranks=[0]", "topology.pipeline_stages=1",
+                             "topology.sampler_rank=1", "topology.reference_rank=1", "topology.evaluator_rank=1"])
+    assert isinstance(make_engine("greedy_hf", path, options={"x": 1}), HFEngine) and built == [(path, {"x": 1})]
+    assert resolve_backend("auto", path, "cpu").name == "greedy_hf"
+    assert resolve_backend("auto", path, "cuda").name != "greedy_hf"
+    assert may_host_gpu_process_engine(cfg, roles_for_rank(cfg.topology, 1))  # sampler and evaluator
+    assert not may_host_gpu_process_engine(cfg, roles_for_rank(cfg.topology, 0))  # the policy only
+
+
 def test_vllm_version_check_names_installed_version_and_range(monkeypatch):
     from rlft.engines import vllm_engine
 

@@ -69,7 +69,7 @@ def engine(model_dir):
         dtype="float32",
         device="cpu",
         seed=0,
-        vllm_options=dict(max_model_len=128, kv_cache_memory_bytes=32 << 20),
+        options=dict(max_model_len=128, kv_cache_memory_bytes=32 << 20),
     )
     assert isinstance(eng, VLLMEngine)
     yield eng

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlft.data import Example
-from rlft.roles.evaluator import RESULTS_FILE, SUMMARY_FILE, pass_at_k, score_responses, write_results
+from rlft.scoring import RESULTS_FILE, SUMMARY_FILE, pass_at_k, score_responses, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -161,7 +161,7 @@ def one_thread():
 
 def test_evaluate_samples_k_per_question_in_batches(tiny_model, one_thread):
     from rlft.engines import SamplingSpec, make_engine
-    from rlft.roles.evaluator import evaluate
+    from rlft.scoring import evaluate
     from rlft.models import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model, padding_side="left")
@@ -175,7 +175,7 @@ def test_evaluate_samples_k_per_question_in_batches(tiny_model, one_thread):
     assert all(len(r["responses"]) == 2 and len(r["response_lengths"]) == 2 for r in records)
     assert all(2 <= n <= 5 for r in records for n in r["response_lengths"])
     # Lengths are the engine's token counts: the same prompt, spec and seed give the same ids.
-    from rlft.roles.evaluator import tokenize_prompts
+    from rlft.scoring import tokenize_prompts
 
     again = engine.generate(tokenize_prompts(tokenizer, ["question 0?", "question 1?"], "r1_zero"),
                             SamplingSpec(temperature=1.0, min_tokens=2, max_tokens=5, n=2, seed=7))

@@ -7,17 +7,21 @@ import torch
 
 from rlft.grpo import (
     POLICY_LOSS_METRIC_KEYS,
+    ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
     aggregate_loss,
     compute_entropy,
     compute_grpo_clip_loss,
     compute_group_normalized_rewards,
     compute_kl,
+    KL_ESTIMATORS,
     compute_naive_policy_gradient_loss,
     compute_policy_gradient_loss,
     masked_mean,
     masked_normalize,
     policy_loss,
+    register_advantage_estimator,
+    register_kl_estimator,
     register_policy_loss,
 )
 
@@ -34,7 +38,7 @@ def close(actual, expected, atol=1e-5):
 
 def test_group_normalized_with_std():
     rewards = torch.tensor([1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 1], dtype=torch.float32)
-    adv, raw, stats = compute_group_normalized_rewards(rewards, 4, 1e-6, True)
+    adv, raw, stats = compute_group_normalized_rewards(rewards, 4, 1e-6, "grpo")
     # group 0 [1,0,0,1]: mean .5, dev ±.5, unbiased var = 4·.25/3 = 1/3, std .577350
     #   → ±.5/.577350 = ±.866025
     # group 1 [1,1,1,1]: dev 0, std 0 → 0/(0+eps) = 0
@@ -58,7 +62,7 @@ def test_group_normalized_with_std():
 
 def test_group_normalized_mean_only():
     rewards = torch.tensor([1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 1], dtype=torch.float32)
-    adv, _, stats = compute_group_normalized_rewards(rewards, 4, 1e-6, False)
+    adv, _, stats = compute_group_normalized_rewards(rewards, 4, 1e-6, "dr_grpo")
     # just the group mean subtracted: means .5, 1, .25
     close(adv, [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0, -0.25, -0.25, -0.25, 0.75])
     # Σa² = 4·.25 + 0 + (3·.0625 + .5625) = 1.75 → std sqrt(1.75/11) = .398862
@@ -67,21 +71,41 @@ def test_group_normalized_mean_only():
 
 def test_group_size_one_gives_zero_advantages_not_nan():
     rewards = torch.tensor([1.0, 0.0, 0.5])
-    for by_std in (True, False):
-        adv, _, stats = compute_group_normalized_rewards(rewards, 1, 1e-6, by_std)
+    for estimator in ADVANTAGE_ESTIMATORS:
+        adv, _, stats = compute_group_normalized_rewards(rewards, 1, 1e-6, estimator)
         close(adv, [0.0, 0.0, 0.0])
         assert stats["zero_variance_group_fraction"] == 1.0
         assert all(math.isfinite(v) for v in stats.values())
     # a single rollout: the batch std is taken as 0 too
-    _, _, stats = compute_group_normalized_rewards(torch.tensor([1.0]), 1, 1e-6, True)
+    _, _, stats = compute_group_normalized_rewards(torch.tensor([1.0]), 1, 1e-6)
     assert stats["reward_std"] == 0.0 and stats["advantage_std"] == 0.0
 
 
 def test_group_normalized_rejects_incomplete_groups():
     with pytest.raises(ValueError, match="not a multiple of group_size"):
-        compute_group_normalized_rewards(torch.ones(5), 2, 1e-6, True)
+        compute_group_normalized_rewards(torch.ones(5), 2, 1e-6)
     with pytest.raises(ValueError, match="group_size"):
-        compute_group_normalized_rewards(torch.ones(4), 0, 1e-6, True)
+        compute_group_normalized_rewards(torch.ones(4), 0, 1e-6)
+    with pytest.raises(ValueError, match="unknown advantage estimator 'rloo'; valid: grpo, dr_grpo"):
+        compute_group_normalized_rewards(torch.ones(4), 2, 1e-6, "rloo")
+
+
+def test_a_registered_advantage_estimator_is_used_and_carries_its_properties():
+    assert {name: e.divides_by_std for name, e in ADVANTAGE_ESTIMATORS.items()} == {"grpo": True, "dr_grpo": False}
+    with pytest.raises(ValueError, match="already registered"):
+        register_advantage_estimator("grpo", divides_by_std=True)(lambda grouped, eps: grouped)
+
+    @register_advantage_estimator("_test_leave_one_out", divides_by_std=False)
+    def _rloo(grouped, eps):  # RLOO: reward - mean of the other rewards of the group
+        k = grouped.shape[1]
+        return (grouped - grouped.mean(dim=1, keepdim=True)) * k / (k - 1)
+
+    try:
+        adv, _, _ = compute_group_normalized_rewards(torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0]), 3, 1e-6,
+                                                     "_test_leave_one_out")
+        close(adv, [1.0, -0.5, -0.5, 0.0, 0.0, 0.0])  # 1 - 0, 0 - .5, 0 - .5; the equal group gives 0
+    finally:
+        ADVANTAGE_ESTIMATORS.pop("_test_leave_one_out")
 
 
 # ------------------------------------------------------------------ per-token losses
@@ -192,9 +216,14 @@ def test_registry_holds_variants_and_accepts_new_ones():
     builtin = {"no_baseline", "reinforce_with_baseline", "grpo_clip", "dapo", "gspo"}
     assert builtin <= set(POLICY_LOSSES)
     with pytest.raises(ValueError, match="already registered"):
-        register_policy_loss("grpo_clip")(lambda *a, **k: None)
+        register_policy_loss("grpo_clip", uses_ratio=True)(lambda *a, **k: None)
+    # Each record carries the properties the config checks read.
+    assert {name: (loss.uses_ratio, loss.uses_groups, loss.requires) for name, loss in POLICY_LOSSES.items()
+            if name in builtin} == {"no_baseline": (False, False, ()), "reinforce_with_baseline": (False, True, ()),
+                                    "grpo_clip": (True, True, ()), "dapo": (True, True, ("cliprange_high",)),
+                                    "gspo": (True, True, ())}
 
-    @register_policy_loss("_test_double_reinforce")
+    @register_policy_loss("_test_double_reinforce", uses_ratio=False)
     def _double(policy_log_probs, *, advantages, **_):
         return -2.0 * advantages * policy_log_probs, {}
 
@@ -222,6 +251,21 @@ def test_kl_estimators():
         compute_kl(logp, ref, "k4")
     with pytest.raises(ValueError, match="ref_log_probs has shape"):
         compute_kl(logp, ref[:, :2], "k3")
+
+
+def test_kl_estimators_have_the_properties_they_register():
+    # Tokens drawn from pi = [.5, .3, .2] against pi_ref = [.2, .3, .5]: the exact
+    # KL(pi || pi_ref) = .5 ln 2.5 + .2 ln .4 = .458145 - .183258 = .274887.
+    pi, ref = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.3, 0.5])
+    tokens = torch.multinomial(pi, 200_000, replacement=True, generator=torch.Generator().manual_seed(0))
+    logp, ref_logp = pi.log()[tokens].unsqueeze(0), ref.log()[tokens].unsqueeze(0)
+    assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
+    for name, est in KL_ESTIMATORS.items():
+        values = compute_kl(logp, ref_logp, name)
+        assert (values.min() >= 0) == est.nonnegative, name
+        assert (abs(values.mean().item() - 0.274887) < 0.005) == est.unbiased, (name, values.mean())
+    with pytest.raises(ValueError, match="already registered"):
+        register_kl_estimator("k3", unbiased=True, nonnegative=True)(lambda logp, ref: logp - ref)
 
 
 def test_entropy_hand_values_and_stability():

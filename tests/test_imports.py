@@ -92,18 +92,3 @@ def test_trainers_import_neither_each_other_nor_back_from_the_runtime_or_roles()
 
 def test_the_checker_sees_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
-
-
-def test_deepspeed_templates_ship_inside_the_package():
-    # An installed rlft (a wheel, outside this checkout) finds its DeepSpeed JSON next to its code:
-    # MANIFEST.in puts rlft/ds_configs/*.json into the package data.
-    import json
-
-    templates = sorted((PACKAGE / "ds_configs").glob("*.json"))
-    assert [p.name for p in templates] == ["pipeline_bf16.json", "pipeline_fp32.json"]
-    assert all("pipeline" in json.loads(p.read_text()) for p in templates)
-    manifest = (PACKAGE.parent / "MANIFEST.in").read_text()
-    assert "recursive-include rlft/ds_configs *.json" in manifest
-    from rlft.roles.policy import DS_CONFIG_DIR
-
-    assert DS_CONFIG_DIR == PACKAGE / "ds_configs"

@@ -7,7 +7,8 @@ import torch
 
 from rlft.config import build_config
 from rlft.overlong import soft_overlong_penalty, truncated_rows
-from rlft.roles.rollout import Rollout, RolloutWorker
+from rlft.roles.generation import Rollout
+from rlft.roles.rollout import RolloutWorker
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -50,7 +51,7 @@ GRADES = [{"reward": r, "format_reward": 1.0, "answer_reward": r} for r in (1.0,
 
 
 def test_soft_penalty_changes_rewards_before_group_normalisation():
-    w = worker(overlong="soft_penalty", overlong_buffer=4, overlong_penalty=1.0, normalize_by_std=False)
+    w = worker(overlong="soft_penalty", overlong_buffer=4, overlong_penalty=1.0, advantage_estimator="dr_grpo")
     batch, stats = w.to_batch(ROLLOUT, GRADES)
     # penalties: 5, 6 tokens -> 0; 8 -> (6 - 8)/4 = -.5; 10 -> -1.  Rewards 1, 0, .5, 0; mean .375.
     assert batch.raw_rewards.tolist() == [1.0, 0.0, 0.5, 0.0]
@@ -62,7 +63,7 @@ def test_soft_penalty_changes_rewards_before_group_normalisation():
     batch, _ = w.to_batch(ROLLOUT, GRADES)
     torch.testing.assert_close(batch.advantages, torch.tensor([0.625, -0.375, 0.125, -0.375]) / (0.478714 + 1e-6))
     # Off: the reward function's rewards 1, 0, 1, 1 (mean .75).
-    batch, _ = worker(normalize_by_std=False).to_batch(ROLLOUT, GRADES)
+    batch, _ = worker(advantage_estimator="dr_grpo").to_batch(ROLLOUT, GRADES)
     assert batch.raw_rewards.tolist() == [1.0, 0.0, 1.0, 1.0]
     assert batch.advantages.tolist() == [0.25, -0.75, 0.25, 0.25]
 

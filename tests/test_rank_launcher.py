@@ -142,7 +142,7 @@ def test_a_vllm_rank_on_the_second_node_sees_only_its_own_gpu(monkeypatch):
 
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed: no rank restricts its GPU for it")
-    from rlft.runtime.rank import restrict_gpu_for_vllm
+    from rlft.runtime.rank import restrict_gpu_for_engine
     from rlft.topology import roles_for_rank
 
     cfg = load_config(TWO_BY_EIGHT, ["device=cuda", "sampling.backend=vllm"])
@@ -151,5 +151,5 @@ def test_a_vllm_rank_on_the_second_node_sees_only_its_own_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
     monkeypatch.setenv("RANK", "15")
     monkeypatch.setenv("LOCAL_RANK", "7")
-    restrict_gpu_for_vllm(cfg, roles_for_rank(cfg.topology, 15))
+    restrict_gpu_for_engine(cfg, roles_for_rank(cfg.topology, 15))
     assert (os.environ["CUDA_VISIBLE_DEVICES"], os.environ["LOCAL_RANK"]) == ("7", "0")

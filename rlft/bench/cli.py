@@ -22,6 +22,7 @@ from pathlib import Path
 
 from rlft.bench import environment, metrics
 from rlft.bench.presets import MODEL_SHAPES, WORKLOADS, Workload, model_facts, resolve_bench_model, workload_key
+from rlft.engines import backend_choices
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SUMMARY = REPO / "benchmarks" / "results" / "summary.json"
@@ -50,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpus", type=int, help="GPUs of the run (default 1 on a GPU machine; picks "
                                             "launch/configs/grpo_<N>gpu.yaml); ignored on CPU")
     p.add_argument("--config", help="base YAML instead of launch/configs/grpo_<N>gpu.yaml (CPU: one process)")
-    p.add_argument("--backend", choices=("hf", "vllm", "auto"),
+    p.add_argument("--backend", choices=backend_choices(),
                    help="rollout engine (default: vllm on GPU, hf on CPU)")
     p.add_argument("--data", default="gsm_symbolic", help="prompt source (data.source; default gsm_symbolic)")
     p.add_argument("--seed", type=int, default=0)

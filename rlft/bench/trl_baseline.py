@@ -36,6 +36,8 @@ def trl_unavailable_reason(use_vllm: bool) -> str | None:
 
 
 def grpo_config_kwargs(spec: dict, known_fields: set[str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    from rlft.grpo import ADVANTAGE_ESTIMATORS
+
     """``GRPOConfig`` arguments for the spec's workload, and the names left out because this TRL
     version has no such field (``known_fields``: the fields of the installed ``GRPOConfig``)."""
     w, nproc = spec["workload"], spec["num_processes"]
@@ -86,7 +88,7 @@ def grpo_config_kwargs(spec: dict, known_fields: set[str] | None = None) -> tupl
         "epsilon": g["cliprange"],
         "num_iterations": g["epochs_per_rollout"],
         "loss_type": aggregation_to_loss.get(g["aggregation"], "grpo"),
-        "scale_rewards": "group" if g["normalize_by_std"] else "none",
+        "scale_rewards": "group" if ADVANTAGE_ESTIMATORS[g["advantage_estimator"]].divides_by_std else "none",
         "gradient_checkpointing": spec["activation_checkpointing"],
         "disable_dropout": True,
         "log_completions": False,

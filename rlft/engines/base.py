@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlft.config_schema import SamplingConfig, check_sampling_ranges
+
 logger = logging.getLogger(__name__)
 
 FINISH_REASONS = ("stop", "length", "eos")
@@ -23,6 +25,9 @@ FINISH_REASONS = ("stop", "length", "eos")
 
 class EngineUnavailable(RuntimeError):
     """The requested backend cannot be used here (not installed, unsupported version, ...)."""
+
+
+_DEFAULTS = SamplingConfig()
 
 
 @dataclass
@@ -43,42 +48,42 @@ class SamplingSpec:
     * ``logprobs``: return each sampled token's log-prob (``Completion.logprobs``), see there.
     """
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    min_tokens: int = 4
-    max_tokens: int = 1024
-    stop: list[str] = field(default_factory=lambda: ["</answer>"])
-    include_stop_str_in_output: bool = True
-    repetition_penalty: float = 1.1
+    # Defaults and ranges: the config's (rlft.config_schema.SamplingConfig, check_sampling_ranges).
+    temperature: float = _DEFAULTS.temperature
+    top_p: float = _DEFAULTS.top_p
+    min_tokens: int = _DEFAULTS.min_tokens
+    max_tokens: int = _DEFAULTS.max_tokens
+    # The config leaves stop to the answer format; the engines' default is the default format's (r1_tags).
+    stop: list[str] = field(default_factory=lambda: list(_DEFAULTS.stop) if _DEFAULTS.stop is not None else ["</answer>"])
+    include_stop_str_in_output: bool = _DEFAULTS.include_stop_str_in_output
+    repetition_penalty: float = _DEFAULTS.repetition_penalty
     n: int = 1
     seed: int | None = None
     logprobs: bool = True
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first out-of-range field."""
-        if self.temperature < 0:
-            raise ValueError(f"SamplingSpec.temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"SamplingSpec.top_p must be in (0, 1], got {self.top_p}")
-        if self.max_tokens < 1:
-            raise ValueError(f"SamplingSpec.max_tokens must be >= 1, got {self.max_tokens}")
-        if not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(
-                f"SamplingSpec.min_tokens must be in [0, max_tokens={self.max_tokens}], "
-                f"got {self.min_tokens}"
-            )
-        if self.repetition_penalty <= 0:
-            raise ValueError(
-                f"SamplingSpec.repetition_penalty must be > 0, got {self.repetition_penalty}"
-            )
-        if self.n < 1:
-            raise ValueError(f"SamplingSpec.n must be >= 1, got {self.n}")
+        check_sampling_ranges({"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens,
+                               "min_tokens": self.min_tokens, "repetition_penalty": self.repetition_penalty,
+                               "n": self.n}, label=lambda name: f"SamplingSpec.{name}")
         if isinstance(self.stop, str) or any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"SamplingSpec.stop must be a list of non-empty strings, got {self.stop!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def sampling_spec(cfg: SamplingConfig, *, n: int, seed: int | None, evaluation: bool = False) -> SamplingSpec:
+    """The engine's sampling parameters from the run's `sampling` section (evaluation: greedy by default)."""
+    return SamplingSpec(
+        temperature=cfg.eval_temperature if evaluation else cfg.temperature,
+        top_p=1.0 if evaluation and cfg.eval_temperature == 0 else cfg.top_p,
+        min_tokens=cfg.min_tokens,
+        max_tokens=(cfg.eval_max_tokens or cfg.max_tokens) if evaluation else cfg.max_tokens,
+        stop=list(cfg.stop), include_stop_str_in_output=cfg.include_stop_str_in_output,
+        repetition_penalty=cfg.repetition_penalty, n=n, seed=seed,
+        logprobs=not evaluation)  # the trainer compares the sampler's log-probs with its own
 
 
 @dataclass

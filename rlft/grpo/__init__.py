@@ -3,16 +3,16 @@
 Everything here takes tensors and returns tensors; nothing knows about models, ranks or
 DeepSpeed. The trainer's last pipeline stage calls :func:`policy_loss`, which combines the pieces:
 
-    advantages   = compute_group_normalized_rewards(rewards, group_size, eps, normalize_by_std)
+    advantages   = compute_group_normalized_rewards(rewards, group_size, eps, estimator)  # ADVANTAGE_ESTIMATORS
     per-token pg = POLICY_LOSSES[loss_type](...)            # [B, T]
     per-token    = pg + kl_coef * compute_kl(logp, ref_logp)  # [B, T]
     loss         = aggregate_loss(per-token, response_mask, aggregation)
 
 One module per piece:
 
-    advantages.py     compute_group_normalized_rewards
+    advantages.py     advantage estimators and their registry, compute_group_normalized_rewards
     losses.py         the per-token policy-gradient losses and their registry (a new loss goes here)
-    kl.py             KL estimators (by name) and the entropy
+    kl.py             KL estimators and their registry, and the entropy
     reductions.py     masked mean / normalise, aggregate_loss and its modes
     training_loss.py  policy_loss: the pieces combined, with the metrics the trainer logs
     rollout_correction.py  the sampler's log-probs against the trainer's: mismatch metrics, TIS weights
@@ -34,14 +34,14 @@ with :func:`register_policy_loss` in ``losses.py`` plus one config value (``grpo
                                s = exp(mean_t(logp - old_logp)) over response tokens
 
 **Dr. GRPO** ("Understanding R1-Zero-Like Training", Liu et al. 2025) is not a separate loss: it is
-``reinforce_with_baseline`` or ``grpo_clip`` with ``normalize_by_std=False`` in
-:func:`compute_group_normalized_rewards` (no division by the group std) and
+``reinforce_with_baseline`` or ``grpo_clip`` with the ``dr_grpo`` advantage estimator
+(``grpo.advantage_estimator``: no division by the group std) and
 ``aggregation="constant"`` in :func:`aggregate_loss` (sum over tokens ÷ a fixed max length, so
 long and short responses are not weighted differently).
 """
 
-from rlft.grpo.advantages import compute_group_normalized_rewards
-from rlft.grpo.kl import KL_ESTIMATORS, compute_entropy, compute_kl
+from rlft.grpo.advantages import ADVANTAGE_ESTIMATORS, compute_group_normalized_rewards, register_advantage_estimator
+from rlft.grpo.kl import KL_ESTIMATORS, compute_entropy, compute_kl, register_kl_estimator
 from rlft.grpo.losses import (
     POLICY_LOSSES,
     compute_grpo_clip_loss,
@@ -61,6 +61,7 @@ from rlft.grpo.rollout_correction import (
 from rlft.grpo.training_loss import POLICY_LOSS_METRIC_KEYS, policy_loss
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "AGGREGATION_MODES",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
@@ -78,6 +79,8 @@ __all__ = [
     "masked_mean",
     "masked_normalize",
     "policy_loss",
+    "register_advantage_estimator",
+    "register_kl_estimator",
     "register_policy_loss",
     "rollout_mismatch_metrics",
     "rollout_mismatch_sums",

@@ -1,8 +1,14 @@
-"""Group-relative advantages: each rollout's reward against the other samples of its prompt."""
+"""Group-relative advantages: each rollout's reward against the other samples of its prompt.
+
+Estimators live in the registry :data:`ADVANTAGE_ESTIMATORS` (``grpo.advantage_estimator``); a new
+one is a function of the ``[groups, group_size]`` rewards decorated with
+:func:`register_advantage_estimator` in this module, stating its properties.
+"""
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -16,13 +22,59 @@ def _unbiased_std(x: Tensor, dim: Optional[int] = None) -> Tensor:
     return x.std() if dim is None else x.std(dim=dim)
 
 
+# (grouped rewards [G, group_size], advantage_eps) -> advantages [G, group_size]
+AdvantageFn = Callable[[Tensor, float], Tensor]
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """A registered estimator and what the config checks need to know about it.
+
+    * ``divides_by_std``: it divides by (group std + ``grpo.advantage_eps``), so that eps must be
+      > 0 (a group whose rewards are all equal would divide 0 by 0).
+    """
+
+    name: str
+    fn: AdvantageFn
+    divides_by_std: bool
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+
+
+def register_advantage_estimator(name: str, *, divides_by_std: bool) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator adding an estimator to :data:`ADVANTAGE_ESTIMATORS` under ``name``."""
+
+    def decorator(fn: AdvantageFn) -> AdvantageFn:
+        if name in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(name, fn, divides_by_std)
+        return fn
+
+    return decorator
+
+
+@register_advantage_estimator("grpo", divides_by_std=True)
+def _group_normalized(grouped: Tensor, advantage_eps: float) -> Tensor:
+    """GRPO: (reward - group mean) / (group std + eps)."""
+    centered = grouped - grouped.mean(dim=1, keepdim=True)
+    return centered / (_unbiased_std(grouped, dim=1).unsqueeze(1) + advantage_eps)
+
+
+@register_advantage_estimator("dr_grpo", divides_by_std=False)
+def _group_centered(grouped: Tensor, advantage_eps: float) -> Tensor:
+    """Dr. GRPO (Liu et al. 2025): reward - group mean, no division by the group std."""
+    return grouped - grouped.mean(dim=1, keepdim=True)
+
+
 def compute_group_normalized_rewards(
     raw_rewards: Tensor,
     group_size: int,
     advantage_eps: float,
-    normalize_by_std: bool,
+    estimator: str = "grpo",
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
-    """Group-relative advantages: each reward minus its group's mean, optionally ÷ (std + eps).
+    """Group-relative advantages of the registered ``estimator``: by default each reward minus its
+    group's mean, ÷ (group std + eps).
 
     Rollouts are laid out group by group: ``raw_rewards[g * group_size + k]`` is the k-th sample
     for prompt g.
@@ -31,8 +83,8 @@ def compute_group_normalized_rewards(
         raw_rewards: ``[N]`` scalar reward per rollout, N = n_prompts · group_size.
         group_size: samples per prompt (≥ 1).
         advantage_eps: added to the group std before dividing (avoids 0/0 for equal rewards).
-        normalize_by_std: divide by (group std + eps) as in GRPO; False gives Dr. GRPO's
-            mean-only baseline.
+        estimator: a key of :data:`ADVANTAGE_ESTIMATORS`: ``grpo`` (÷ group std + eps) or
+            ``dr_grpo`` (Dr. GRPO's mean-only baseline).
 
     Returns:
         ``(advantages [N], raw_rewards [N], stats)`` with float tensors, and ``stats`` holding
@@ -55,12 +107,10 @@ def compute_group_normalized_rewards(
             f"number of rewards ({n}) is not a multiple of group_size ({group_size}); "
             "rewards must come in complete groups of samples per prompt"
         )
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; valid: {', '.join(ADVANTAGE_ESTIMATORS)}")
     grouped = raw_rewards.view(n // group_size, group_size)  # [G, group_size]
-    centered = grouped - grouped.mean(dim=1, keepdim=True)
-    group_std = _unbiased_std(grouped, dim=1).unsqueeze(1)  # [G, 1]
-    if normalize_by_std:
-        centered = centered / (group_std + advantage_eps)
-    advantages = centered.reshape(-1)
+    advantages = ADVANTAGE_ESTIMATORS[estimator].fn(grouped, advantage_eps).reshape(-1)
 
     # A group has zero variance when max == min (exact, unlike std == 0 after float rounding).
     zero_var = (grouped.max(dim=1).values == grouped.min(dim=1).values).float()

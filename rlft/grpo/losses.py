@@ -1,12 +1,14 @@
 """Per-token policy-gradient losses, in the registry :data:`POLICY_LOSSES`.
 
-A new variant is one function decorated with :func:`register_policy_loss` in this module; its name
-is then a valid ``grpo.loss_type`` (the config reads the registry).  See the package docstring of
-:mod:`rlft.grpo` for the built-in losses.
+A new variant is one function decorated with :func:`register_policy_loss` in this module, which
+also states the loss's properties (:class:`PolicyLoss`); its name is then a valid
+``grpo.loss_type``, and the config checks and warnings read those properties, never the name.
+See the package docstring of :mod:`rlft.grpo` for the built-in losses.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -76,11 +78,34 @@ def compute_grpo_clip_loss(
 # Registered losses are called with every input as a keyword (None where not given); each takes
 # what it needs, checks it with ``_require`` and ignores the rest through ``**_``.
 PolicyLossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator adding a per-token loss to :data:`POLICY_LOSSES` under ``name``.
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A registered loss and what the rest of rlft needs to know about it.
+
+    * ``uses_ratio``: the loss weighs each token by an importance ratio π_θ / π_old, so a batch
+      sampled by older weights is corrected; without one, asynchronous rollouts warn.
+    * ``uses_groups``: the loss reads group-relative advantages; False (raw rewards) means one
+      response per prompt (``grpo.group_size`` must be 1).
+    * ``requires``: ``grpo.*`` settings that must be set (not null) for this loss.
+    """
+
+    name: str
+    fn: PolicyLossFn
+    uses_ratio: bool
+    uses_groups: bool = True
+    requires: tuple[str, ...] = ()
+
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(
+    name: str, *, uses_ratio: bool, uses_groups: bool = True, requires: tuple[str, ...] = ()
+) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator adding a per-token loss to :data:`POLICY_LOSSES` under ``name``, with its
+    properties (see :class:`PolicyLoss`).
 
     The function is called as ``fn(policy_log_probs, *, raw_rewards, advantages, old_log_probs,
     cliprange, cliprange_high, response_mask)`` and returns ``(loss [B, T], metadata)``.
@@ -89,7 +114,7 @@ def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
         if name in POLICY_LOSSES:
             raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = fn
+        POLICY_LOSSES[name] = PolicyLoss(name, fn, uses_ratio, uses_groups, tuple(requires))
         return fn
 
     return decorator
@@ -101,19 +126,19 @@ def _require(loss_type: str, **values) -> None:
         raise ValueError(f"loss_type {loss_type!r} requires {', '.join(missing)} (got None)")
 
 
-@register_policy_loss("no_baseline")
+@register_policy_loss("no_baseline", uses_ratio=False, uses_groups=False)
 def _no_baseline_loss(policy_log_probs: Tensor, *, raw_rewards, **_):
     _require("no_baseline", raw_rewards=raw_rewards)
     return compute_naive_policy_gradient_loss(raw_rewards, policy_log_probs), {}
 
 
-@register_policy_loss("reinforce_with_baseline")
+@register_policy_loss("reinforce_with_baseline", uses_ratio=False)
 def _reinforce_with_baseline_loss(policy_log_probs: Tensor, *, advantages, **_):
     _require("reinforce_with_baseline", advantages=advantages)
     return compute_naive_policy_gradient_loss(advantages, policy_log_probs), {}
 
 
-@register_policy_loss("grpo_clip")
+@register_policy_loss("grpo_clip", uses_ratio=True)
 def _grpo_clip_loss(
     policy_log_probs: Tensor, *, advantages, old_log_probs, cliprange, cliprange_high, **_
 ):
@@ -123,7 +148,7 @@ def _grpo_clip_loss(
     )
 
 
-@register_policy_loss("dapo")
+@register_policy_loss("dapo", uses_ratio=True, requires=("cliprange_high",))
 def _dapo_loss(
     policy_log_probs: Tensor, *, advantages, old_log_probs, cliprange, cliprange_high, **_
 ):
@@ -139,7 +164,7 @@ def _dapo_loss(
     )
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", uses_ratio=True)
 def _gspo_loss(
     policy_log_probs: Tensor,
     *,
@@ -226,7 +251,7 @@ def compute_policy_gradient_loss(
     batch = policy_log_probs.shape[0]
     _check_like(old_log_probs, policy_log_probs, "old_log_probs")
     _check_like(response_mask, policy_log_probs, "response_mask")
-    return POLICY_LOSSES[loss_type](
+    return POLICY_LOSSES[loss_type].fn(
         policy_log_probs,
         raw_rewards=_as_column(raw_rewards, batch, "raw_rewards"),
         advantages=_as_column(advantages, batch, "advantages"),

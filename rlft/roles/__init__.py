@@ -3,10 +3,13 @@
     policy.py      PolicyTrainer: the trainable model as a DeepSpeed pipeline; optimises an injected
                    objective (rlft.objectives)
     rollout.py     RolloutWorker, the sampler: prompts -> grouped responses -> rewards -> advantages
-                   -> the step's RolloutBatch
+                   -> the step's RolloutBatch; built from three parts, one job each:
+      prompt_source.py   PromptSource: the training prompts and the order they are drawn in
+      generation.py      RolloutGenerator: responses from the engine, and their rewards
+      batch_queue.py     BatchQueue: batches collected ahead (asynchronous rollouts), their age
     reference.py   ReferenceModel: the frozen starting policy's log-probs of a batch
-    evaluator.py   Evaluator: scores the eval split with a resident engine (and the evaluation
-                   library python -m rlft.evaluate uses)
+    evaluator.py   Evaluator: scores the eval split with a resident engine (the evaluation itself
+                   is the library rlft.scoring, which python -m rlft.evaluate uses too)
     sft_data.py    SFTFeeder: SFT's data role, tokenised (prompt, target) batches
 
 Roles know nothing of ranks or the bridge: the trainers' steps move their results between ranks.

@@ -21,18 +21,26 @@ from rlft.objectives import Objective
 from rlft.pipeline import build_policy_pipeline, export_hf_state_dict, load_hf_weights, pipeline_logprobs
 from rlft.topology import RankRoles, check_stages_vs_layers
 
-# DeepSpeed's JSON templates ship inside the package (rlft/ds_configs/), so an installed rlft finds them.
-DS_CONFIG_DIR = Path(__file__).resolve().parents[1] / "ds_configs"
+# DeepSpeed's JSON templates: ds_configs/ at the top of a checkout, beside launch/; an installed
+# wheel carries them inside the package as rlft/ds_configs/ (setup.py maps them there).
+PACKAGED_DS_CONFIGS = Path(__file__).resolve().parents[1] / "ds_configs"
+CHECKOUT_DS_CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"
+
+
+def ds_config_dir() -> Path:
+    """Where the shipped DeepSpeed JSON templates are: in the package when installed, else the checkout's."""
+    return PACKAGED_DS_CONFIGS if PACKAGED_DS_CONFIGS.is_dir() else CHECKOUT_DS_CONFIGS
 
 
 def deepspeed_config(cfg: RunConfig, *, bf16: bool, gradient_accumulation_steps: int) -> dict:
-    """The JSON template from rlft/ds_configs/ with every value the YAML also sets taken from the YAML."""
-    name = "pipeline_bf16.json" if bf16 else "pipeline_fp32.json"
-    ds = json.loads((DS_CONFIG_DIR / name).read_text())
+    """The run's DeepSpeed JSON (`deepspeed_config`, or ds_configs/pipeline_<bf16|fp32>.json) with
+    every value the YAML also sets taken from the YAML."""
+    path = cfg.deepspeed_config or ds_config_dir() / ("pipeline_bf16.json" if bf16 else "pipeline_fp32.json")
+    ds = json.loads(Path(path).expanduser().read_text())
     ds["train_micro_batch_size_per_gpu"] = cfg.optim.train_micro_batch_size
     ds["gradient_accumulation_steps"] = gradient_accumulation_steps
     ds["gradient_clipping"] = cfg.optim.grad_clip
-    ds["pipeline"]["activation_checkpoint_interval"] = 1 if cfg.model.activation_checkpointing else 0
+    ds.setdefault("pipeline", {})["activation_checkpoint_interval"] = 1 if cfg.model.activation_checkpointing else 0
     return ds
 
 

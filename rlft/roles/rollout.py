@@ -1,88 +1,26 @@
-"""The rollout role (the sampler): prompts -> grouped rollouts -> rewards -> advantages -> the batch.
+"""The rollout role (the sampler): each step's batch, from prompts to advantages.
 
-Prompts are tokenised once here; the engine returns response token ids, so the trainer never
-re-tokenises model text.  Responses are laid out group-major: the `group_size` responses to
-prompt i sit at rows [i * group_size, (i + 1) * group_size).
-
-`RolloutWorker.collect` is the one place the step's training data comes from, and `grade` the one
-place rewards are computed: filtering or resampling groups and other reward functions belong in
-these two methods.  Asynchronous rollouts (`schedule.max_staleness`) queue whole collected batches:
-`next_batch` hands out the oldest, `prefetch` collects ahead with the weights the engine holds.
+Its parts, one job each: `PromptSource` (rlft.roles.prompt_source) draws the prompts,
+`RolloutGenerator` (rlft.roles.generation) samples and grades the responses, `BatchQueue`
+(rlft.roles.batch_queue) holds batches collected ahead for asynchronous rollouts.  Here:
+`RolloutWorker.collect`, the one place the step's training data comes from (rounds of dynamic
+sampling, overlong responses, group advantages, what is logged about it).
 """
 from __future__ import annotations
-
-from collections import deque
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, fields
-from typing import Callable
 
 import torch
 
 from rlft.batch import RolloutBatch, build_rollout_batch
 from rlft.common import log
-from rlft.config import ConfigError, RunConfig, SamplingConfig
-from rlft.data import Example, PromptSampler, load_examples
+from rlft.config import RunConfig
+from rlft.data import Example
 from rlft.dynamic_sampling import GroupPool, group_rows, informative_groups
-from rlft.engines.base import RolloutEngine, SamplingSpec
-from rlft.reward.grader import default_grader
+from rlft.engines.base import RolloutEngine
 from rlft.grpo import compute_group_normalized_rewards
 from rlft.overlong import soft_overlong_penalty, truncated_rows
-from rlft.prompts import drop_long_prompts, prompt_of
-from rlft.reward.functions import make_reward_fn
-
-Timer = Callable[[str], AbstractContextManager]
-# Grader counters logged per step as grader/<name>.
-GRADER_COUNTERS = ("symbolic", "custom", "errors", "timed_out", "rejected", "unfinished", "crashed")
-
-
-@dataclass
-class Rollout:
-    example_indices: list[int]  # per response
-    prompt_ids: list[list[int]]  # per response (repeated within a group)
-    response_ids: list[list[int]]
-    responses: list[str]
-    ground_truths: list[str]
-    finish_reasons: list[str]
-    prompts: list[str]  # per response
-    logprobs: list[list[float]]  # per response token: the engine's raw log-prob (Completion.logprobs)
-
-    @classmethod
-    def empty(cls) -> "Rollout":
-        return cls(*([] for _ in fields(cls)))
-
-    def extend(self, other: "Rollout") -> "Rollout":
-        """This rollout's rows followed by `other`'s."""
-        return Rollout(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
-
-    def select(self, rows: list[int]) -> "Rollout":
-        """The given rows, in that order."""
-        return Rollout(*([getattr(self, f.name)[i] for i in rows] for f in fields(self)))
-
-
-@dataclass
-class Ahead:
-    """A batch collected before its step (asynchronous rollouts)."""
-
-    batch: RolloutBatch
-    metrics: dict
-    weights_step: int  # the policy step whose weights sampled it
-    position: dict | None  # the prompt order's state before it was drawn (None: drawn at its own step)
-
-
-def sampling_spec(cfg: SamplingConfig, *, n: int, seed: int | None, evaluation: bool = False) -> SamplingSpec:
-    """The engine's sampling parameters from the config (evaluation: greedy by default)."""
-    return SamplingSpec(
-        temperature=cfg.eval_temperature if evaluation else cfg.temperature,
-        top_p=1.0 if evaluation and cfg.eval_temperature == 0 else cfg.top_p,
-        min_tokens=cfg.min_tokens,
-        max_tokens=(cfg.eval_max_tokens or cfg.max_tokens) if evaluation else cfg.max_tokens,
-        stop=list(cfg.stop), include_stop_str_in_output=cfg.include_stop_str_in_output,
-        repetition_penalty=cfg.repetition_penalty, n=n, seed=seed,
-        logprobs=not evaluation)  # the trainer compares the sampler's log-probs with its own
-
-
-def _untimed(phase: str) -> AbstractContextManager:
-    return nullcontext()
+from rlft.roles.batch_queue import BatchQueue, Timer, untimed
+from rlft.roles.generation import GRADER_COUNTERS, Rollout, RolloutGenerator
+from rlft.roles.prompt_source import PromptSource
 
 
 class RolloutWorker:
@@ -94,30 +32,15 @@ class RolloutWorker:
         (the model's positions minus the response budget; None = no limit)."""
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.group_size = cfg.grpo.group_size
-        default_grader().start()  # warm the grading workers now, not in the first step
-        self.reward_fn = make_reward_fn(cfg.reward.fn, cfg.reward.format_weight, timeout_s=cfg.reward.timeout_s,
-                                        answer_format=cfg.reward.answer_format)
-        self.prompt = prompt_of(cfg)
-        d = cfg.data
-        loaded = load_examples(d.source, d.train_split, size=d.train_size, seed=cfg.seed)
-        loaded = drop_long_prompts(loaded, tokenizer, self.prompt, max_prompt_tokens,
-                                   f"{d.source} [{d.train_split}]")
-        self.examples, self.skipped = loaded.examples, loaded.skipped
-        prompts_per_step = cfg.optim.rollout_batch_size // self.group_size
-        if len(self.examples) < prompts_per_step:
-            skipped = ", ".join(f"{k}={v}" for k, v in sorted(self.skipped.items()))
-            raise ConfigError(
-                f"data.train_size: {len(self.examples)} usable training rows in {d.source} [{d.train_split}]"
-                f"{f' (skipped: {skipped})' if skipped else ''}, but every step draws optim.rollout_batch_size / "
-                f"grpo.group_size = {prompts_per_step} prompts; raise data.train_size or lower "
-                f"optim.rollout_batch_size")
-        self.prompts = PromptSampler(len(self.examples), prompts_per_step, cfg.seed, shuffle=cfg.data.shuffle)
-        # Asynchronous rollouts: batches collected ahead, oldest first, each with the step whose weights
-        # the engine held when it sampled them and the prompt order's position before they were drawn.
-        self.ahead: deque[Ahead] = deque()
-        self.weights_step = 0  # the policy step whose weights the engine holds (0 = the starting model)
-        log.info("sampler: %d training prompts (%s), %d per step, engine %s", len(self.examples),
-                 cfg.data.source, prompts_per_step, type(engine).__name__)
+        self.generator = RolloutGenerator(cfg, engine, tokenizer)
+        self.prompts = PromptSource(cfg, tokenizer, cfg.optim.rollout_batch_size // self.group_size,
+                                    max_prompt_tokens=max_prompt_tokens)
+        self.queue = BatchQueue(cfg.schedule, self.collect, self.prompts.state_dict)
+        # Asynchronous rollouts: the queue hands out the batches and collects ahead.
+        self.next_batch, self.prefetch, self.weights_synced = (
+            self.queue.next_batch, self.queue.prefetch, self.queue.weights_synced)
+        log.info("sampler: %d training prompts (%s), %d per step, engine %s", len(self.prompts.examples),
+                 cfg.data.source, self.prompts.per_step, type(engine).__name__)
 
     # ------------------------------------------------------------------ the step's batch
 
@@ -131,34 +54,7 @@ class RolloutWorker:
         s = self.cfg.schedule
         return 2 if s.sync_every == 1 and s.max_staleness == 0 else 1
 
-    def next_batch(self, step: int, timed: Timer = _untimed) -> tuple[RolloutBatch, dict]:
-        """The batch the policy trains on at `step`: the oldest one collected ahead, or one collected
-        now.  Where batches can be old (`schedule.max_staleness` > 0 or `sync_every` > 1) its metrics say
-        how old: `rollout/staleness` = optimizer steps between the weights that sampled it and the
-        weights that train on it (0 = on-policy)."""
-        if self.ahead:
-            entry = self.ahead.popleft()
-        else:
-            batch, metrics = self.collect(step, timed)
-            entry = Ahead(batch, metrics, self.weights_step, None)
-        if self.cfg.schedule.max_staleness or self.cfg.schedule.sync_every > 1:
-            entry.metrics["rollout/staleness"] = float(step - 1 - entry.weights_step)
-        return entry.batch, entry.metrics
-
-    def prefetch(self, step: int, last_step: int, timed: Timer = _untimed) -> None:
-        """Collect the batches of the steps after `step` (up to `last_step`) until
-        `schedule.max_staleness` of them wait, with the weights the engine holds now; where the
-        sampler has its own device this overlaps the policy's update of `step`."""
-        while len(self.ahead) < self.cfg.schedule.max_staleness and step + len(self.ahead) < last_step:
-            position = self.prompts.state_dict()
-            batch, metrics = self.collect(step + len(self.ahead) + 1, timed)
-            self.ahead.append(Ahead(batch, metrics, self.weights_step, position))
-
-    def weights_synced(self, step: int) -> None:
-        """The engine now holds the policy's weights after `step`."""
-        self.weights_step = step
-
-    def collect(self, step: int, timed: Timer = _untimed) -> tuple[RolloutBatch, dict]:
+    def collect(self, step: int, timed: Timer = untimed) -> tuple[RolloutBatch, dict]:
         """The step's graded batch with its advantages, and what to log about it (timed as the
         phases "sample" and "grade").
 
@@ -169,16 +65,16 @@ class RolloutWorker:
         """
         cfg, g = self.cfg, self.cfg.grpo
         rounds = g.max_sampling_rounds if g.dynamic_sampling else 1
-        pool = GroupPool(target_groups=self.prompts.batch_size)
+        pool = GroupPool(target_groups=self.prompts.per_step)
         rollout, grades, examples = Rollout.empty(), [], []
         metrics = dict.fromkeys((f"grader/{k}" for k in GRADER_COUNTERS), 0.0)
         for r in range(rounds):
             with timed("sample"):
-                round_examples = [self.examples[i] for i in self.prompts.next_batch()]
-                part = self.generate(round_examples, seed=cfg.seed * 1_000_003 + step + 7919 * r,
-                                     keep_awake=r + 1 < rounds)
+                round_examples = self.prompts.next_examples()
+                part = self.generator.generate(round_examples, seed=cfg.seed * 1_000_003 + step + 7919 * r,
+                                                       keep_awake=r + 1 < rounds)
             with timed("grade"):
-                part_grades, counts = self.grade(part)
+                part_grades, counts = self.generator.grade(part)
             for k, v in counts.items():
                 metrics[k] += v
             rollout, grades, examples = rollout.extend(part), grades + part_grades, examples + round_examples
@@ -204,39 +100,6 @@ class RolloutWorker:
             metrics["samples"] = self.samples(examples, rollout, grades)
         return batch, metrics
 
-    def generate(self, examples: list[Example], seed: int, keep_awake: bool = False) -> Rollout:
-        """`group_size` responses to each example's prompt (the engine stays awake with `keep_awake`,
-        for another round of the same step)."""
-        prompts = [self.prompt.render(ex.question, self.tokenizer) for ex in examples]
-        prompt_ids = self.prompt.encode([ex.question for ex in examples], self.tokenizer)
-        self.engine.wake()
-        groups = self.engine.generate(prompt_ids, sampling_spec(self.cfg.sampling, n=self.group_size, seed=seed))
-        out = Rollout.empty()
-        for ex, text, ids, group in zip(examples, prompts, prompt_ids, groups):
-            if len(group) != self.group_size:
-                raise RuntimeError(f"rollout engine returned {len(group)} completions for a prompt, "
-                                   f"expected {self.group_size}")
-            for c in group:
-                if c.logprobs is None:
-                    raise RuntimeError(f"{type(self.engine).__name__} returned no log-probs; the trainer needs "
-                                       "the sampler's log-prob of every response token (Completion.logprobs)")
-                out.example_indices.append(ex.index)
-                out.prompt_ids.append(ids)
-                out.response_ids.append(list(c.token_ids))
-                out.responses.append(c.text)
-                out.ground_truths.append(ex.ground_truth)
-                out.finish_reasons.append(c.finish_reason)
-                out.prompts.append(text)
-                out.logprobs.append(list(c.logprobs))
-        return out
-
-    def grade(self, rollout: Rollout) -> tuple[list[dict], dict]:
-        """The reward of every response (`reward.fn`, by default `r1_zero_reward_fn`: format +
-        answer; plus `reward.format_weight` x format), and the grader's counts for the log."""
-        grades = self.reward_fn(rollout.responses, rollout.ground_truths)
-        stats = self.reward_fn.last_batch_stats
-        return grades, {f"grader/{k}": float(getattr(stats, k)) for k in GRADER_COUNTERS}
-
     def to_batch(self, rollout: Rollout, grades: list[dict]) -> tuple[RolloutBatch, dict]:
         """Group-normalised advantages and the padded batch the policy trains on (with the sampler's
         log-probs).  With `grpo.overlong: soft_penalty` the rewards are penalised for length first, so
@@ -246,7 +109,7 @@ class RolloutWorker:
         if g.overlong == "soft_penalty":
             rewards = rewards + self.overlong_penalties(rollout)
         advantages, raw_rewards, reward_stats = compute_group_normalized_rewards(
-            rewards, g.group_size, g.advantage_eps, g.normalize_by_std)
+            rewards, g.group_size, g.advantage_eps, g.advantage_estimator)
         batch = build_rollout_batch(rollout.prompt_ids, rollout.response_ids, pad_token_id=tok.pad_token_id,
                                     eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
                                     padding_side=self.cfg.model.padding_side, response_logprobs=rollout.logprobs)
@@ -284,9 +147,8 @@ class RolloutWorker:
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict:
-        """The prompt order's position; batches collected ahead are not kept, so the position is the
-        one before they were drawn: a resumed run samples those prompts again, with its own weights."""
-        return self.ahead[0].position if self.ahead else self.prompts.state_dict()
+        """The prompt order's position (before any batches collected ahead, `BatchQueue.resume_position`)."""
+        return self.queue.resume_position()
 
     def load_state_dict(self, state: dict) -> None:
         self.prompts.load_state_dict(state)

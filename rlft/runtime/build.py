@@ -112,7 +112,7 @@ def engine_for_run(ctx: RankContext, model_path: str):
 
     cfg = ctx.cfg
     return make_engine(cfg.sampling.backend, model_path, dtype=ctx.dtype, device=str(ctx.device), seed=cfg.seed,
-                       tokenizer=ctx.tokenizer, vllm_options=vllm_options(cfg, ctx.device.type))
+                       tokenizer=ctx.tokenizer, options=vllm_options(cfg, ctx.device.type))
 
 
 def vllm_options(cfg: RunConfig, device_type: str) -> dict:

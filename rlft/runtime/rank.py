@@ -5,7 +5,6 @@ brings the whole launch down promptly, with one line saying which rank stops and
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import threading
@@ -77,7 +76,7 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
     _life.watchdog = Watchdog(stop=lambda reason, code: stop(f"stopping: {reason}", code))
     try:
         log.info("%s on %s", roles.describe(), check_placement(cfg.topology, rank, int(os.environ["LOCAL_RANK"])))
-        restrict_gpu_for_vllm(cfg, roles)
+        restrict_gpu_for_engine(cfg, roles)
         device = choose_device(cfg)
         port = int(os.environ.get("MASTER_PORT", "0")) or free_port()
         bridge = Bridge(rank, world, master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), master_port=port,
@@ -233,14 +232,19 @@ def _leave(code: int, ctx: RankContext | None, *, graceful: bool) -> NoReturn:
         os._exit(code)
 
 
-def hosts_vllm_engine(cfg: RunConfig, roles: RankRoles) -> bool:
-    return (roles.sampler or roles.evaluator) and cfg.sampling.backend in ("vllm", "auto") and (
-        importlib.util.find_spec("vllm") is not None)
+def may_host_gpu_process_engine(cfg: RunConfig, roles: RankRoles) -> bool:
+    """This rank may build an engine that runs in its own GPU process (`Backend.own_gpu_process`):
+    one `sampling.backend` may turn into, installed here."""
+    from rlft.engines import candidates
+
+    return bool(roles.sampler or roles.evaluator) and any(
+        b.own_gpu_process and b.installed() for b in candidates(cfg.sampling.backend))
 
 
-def restrict_gpu_for_vllm(cfg: RunConfig, roles: RankRoles) -> None:
-    """vLLM's engine process takes the first visible GPU: show this rank only its own, before CUDA starts."""
-    if cfg.device == "cpu" or os.environ.get("DS_ACCELERATOR") == "cpu" or not hosts_vllm_engine(cfg, roles):
+def restrict_gpu_for_engine(cfg: RunConfig, roles: RankRoles) -> None:
+    """An engine's own GPU process (vLLM's) takes the first visible GPU: show this rank only its own,
+    before CUDA starts."""
+    if cfg.device == "cpu" or os.environ.get("DS_ACCELERATOR") == "cpu" or not may_host_gpu_process_engine(cfg, roles):
         return
     from rlft.engines import restrict_to_device
 
