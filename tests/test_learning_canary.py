@@ -63,7 +63,9 @@ def taught_sevens(root: Path) -> tuple[Path, Path]:
 
 
 def test_grpo_raises_the_reward(tmp_path):
+    t0 = time.time()
     model, data = taught_sevens(tmp_path)
+    taught = time.time() - t0
     out = tmp_path / "run"
     env = dict(os.environ, RLFT_PROGRESS="0")
     t0 = time.time()
@@ -75,7 +77,7 @@ def test_grpo_raises_the_reward(tmp_path):
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     rewards = [s["reward/mean"] for s in steps]
     start, end = rewards[0], sum(rewards[-3:]) / 3
-    print(f"\nlearning canary: {len(steps)} steps in {took:.1f} s (launch included) | reward "
+    print(f"\nlearning canary: teaching {taught:.1f} s, launch and {len(steps)} steps {took:.1f} s | reward "
           f"{start:.3f} (step 1) -> {end:.3f} (last 3) | per step {[round(r, 3) for r in rewards]}")
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
     # The starting model answers 7 about half the time: the task is neither learnt nor out of reach,
