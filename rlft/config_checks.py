@@ -48,6 +48,8 @@ def _check_rollout_corrections(g: GRPOConfig, s: SamplingConfig) -> None:
     _require(g.rollout_is in ROLLOUT_IS_MODES,
              f"grpo.rollout_is: must be one of {', '.join(ROLLOUT_IS_MODES)}, got '{g.rollout_is}'")
     _require(1 <= g.rollout_is_cap < float("inf"), f"grpo.rollout_is_cap: must be a number >= 1, got {g.rollout_is_cap}")
+    _require(g.mismatch_metrics_every >= 0,
+             f"grpo.mismatch_metrics_every: must be >= 0 (0 = never), got {g.mismatch_metrics_every}")
     _require(g.overlong in OVERLONG_MODES,
              f"grpo.overlong: must be one of {', '.join(OVERLONG_MODES)}, got '{g.overlong}'")
     if g.overlong == "soft_penalty":

@@ -80,10 +80,14 @@ class GRPOConfig:
     # groups whose rewards differ (at most max_sampling_rounds rounds; then zero-variance groups fill in).
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 4
-    # Sampler vs trainer log-probs (rollout_mismatch/* is logged on every step).  tis = truncated
-    # importance sampling: the policy-gradient term of each token x min(pi_trainer / pi_sampler, cap).
+    # Sampler vs trainer log-probs.  tis = truncated importance sampling: the policy-gradient term of
+    # each token x min(pi_trainer / pi_sampler, cap).
     rollout_is: str = "none"  # none | tis
     rollout_is_cap: float = 2.0
+    # rollout_mismatch/* on step 1 and every N-th step after it (0 = never).  Asking the sampler for
+    # log-probs slows vLLM's sampling 2.3x, so the other steps sample without them; with rollout_is: tis
+    # or schedule.max_staleness > 0 the loss reads them, so every step has them and logs the metrics.
+    mismatch_metrics_every: int = 10
     # Responses cut by sampling.max_tokens (DAPO): filter = no loss on them; soft_penalty = reward
     # - overlong_penalty x (how far into the last overlong_buffer tokens the response ran).
     overlong: str = "none"  # none | filter | soft_penalty
@@ -100,6 +104,17 @@ class GRPOConfig:
         """Several optimizer steps per rollout: the sampling policy's log-probs are computed once
         before the first (with one step they equal the current log-probs)."""
         return self.epochs_per_rollout > 1 and self.old_logprobs == "policy"
+
+    def loss_reads_sampler_logprobs(self, max_staleness: int) -> bool:
+        """The loss itself reads the sampler's log-probs: TIS, or off-policy batches whose old
+        log-probs are the sampler's (`schedule.max_staleness` > 0)."""
+        return self.rollout_is != "none" or max_staleness > 0
+
+    def wants_sampler_logprobs(self, step: int, max_staleness: int) -> bool:
+        """The rollouts of `step` ask the engine for each token's log-prob: when the loss reads them,
+        or on the steps that log rollout_mismatch/* (step 1 and every `mismatch_metrics_every`-th)."""
+        every = self.mismatch_metrics_every
+        return self.loss_reads_sampler_logprobs(max_staleness) or (every > 0 and (step - 1) % every == 0)
 
 
 @dataclass

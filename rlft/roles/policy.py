@@ -149,7 +149,7 @@ class PolicyTrainer:
         mb = self.cfg.optim.train_micro_batch_size
         self._num_tokens_total = float(part.response_mask.float().sum().clamp(min=1))
         fields = self.objective.label_fields
-        labels = Labels.of(part, fields) if self.roles.last_stage else None
+        labels = Labels.of(part, fields, self.objective.optional_label_fields) if self.roles.last_stage else None
         for i in range(0, len(part), mb):
             rows = slice(i, i + mb)
             ids, attn = part.input_ids[rows], part.attention_mask[rows]
@@ -182,6 +182,8 @@ class PolicyTrainer:
             metrics = self._train(part)
             finite = finite and all(math.isfinite(metrics.get(k, 0.0)) for k in ("loss", "grad_norm"))
         skipped = self.optimizer.skipped + self.engine.skipped_steps - skipped_before
+        for name in self.objective.unmeasured(part):
+            metrics.pop(name, None)
         metrics["skipped_updates"] = float(skipped)
         metrics["nonfinite"] = float(skipped > 0 or not finite)
         return metrics if self.reports_metrics else {}

@@ -44,7 +44,7 @@ class Rollout:
     ground_truths: list[str]
     finish_reasons: list[str]
     prompts: list[str]  # per response
-    logprobs: list[list[float]]  # per response token: the engine's raw log-prob (Completion.logprobs)
+    logprobs: list[list[float] | None]  # per response token: the engine's raw log-prob (None: not asked for)
 
     @classmethod
     def empty(cls) -> "Rollout":
@@ -69,8 +69,10 @@ class Ahead:
     position: dict | None  # the prompt order's state before it was drawn (None: drawn at its own step)
 
 
-def sampling_spec(cfg: SamplingConfig, *, n: int, seed: int | None, evaluation: bool = False) -> SamplingSpec:
-    """The engine's sampling parameters from the config (evaluation: greedy by default)."""
+def sampling_spec(cfg: SamplingConfig, *, n: int, seed: int | None, evaluation: bool = False,
+                  logprobs: bool = False) -> SamplingSpec:
+    """The engine's sampling parameters from the config (evaluation: greedy by default); `logprobs`:
+    ask for each sampled token's log-prob (it slows vLLM's sampling 2.3x, so only where read)."""
     return SamplingSpec(
         temperature=cfg.eval_temperature if evaluation else cfg.temperature,
         top_p=1.0 if evaluation and cfg.eval_temperature == 0 else cfg.top_p,
@@ -78,7 +80,7 @@ def sampling_spec(cfg: SamplingConfig, *, n: int, seed: int | None, evaluation: 
         max_tokens=(cfg.eval_max_tokens or cfg.max_tokens) if evaluation else cfg.max_tokens,
         stop=list(cfg.stop), include_stop_str_in_output=cfg.include_stop_str_in_output,
         repetition_penalty=cfg.repetition_penalty, n=n, seed=seed,
-        logprobs=not evaluation)  # the trainer compares the sampler's log-probs with its own
+        logprobs=logprobs and not evaluation)
 
 
 def _untimed(phase: str) -> AbstractContextManager:
@@ -174,7 +176,7 @@ class RolloutWorker:
             with timed("sample"):
                 round_examples = [self.examples[i] for i in self.prompts.next_batch()]
                 part = self.generate(round_examples, seed=cfg.seed * 1_000_003 + step + 7919 * r,
-                                     keep_awake=r + 1 < rounds)
+                                     keep_awake=r + 1 < rounds, logprobs=self.wants_logprobs(step))
             with timed("grade"):
                 part_grades, counts = self.grade(part)
             for k, v in counts.items():
@@ -202,20 +204,28 @@ class RolloutWorker:
             metrics["samples"] = self.samples(examples, rollout, grades)
         return batch, metrics
 
-    def generate(self, examples: list[Example], seed: int, keep_awake: bool = False) -> Rollout:
+    def wants_logprobs(self, step: int) -> bool:
+        """Whether the rollouts of `step` ask the engine for log-probs: only where something reads them
+        (TIS, off-policy batches, the steps that log rollout_mismatch/*; see
+        `GRPOConfig.wants_sampler_logprobs`)."""
+        return self.cfg.grpo.wants_sampler_logprobs(step, self.cfg.schedule.max_staleness)
+
+    def generate(self, examples: list[Example], seed: int, keep_awake: bool = False,
+                 logprobs: bool = False) -> Rollout:
         """`group_size` responses to each example's prompt (the engine stays awake with `keep_awake`,
-        for another round of the same step)."""
+        for another round of the same step), with each token's log-prob when `logprobs`."""
         prompts = [format_prompt(ex.question, self.cfg.data.prompt_template) for ex in examples]
         prompt_ids = [list(ids) for ids in self.tokenizer(prompts)["input_ids"]]
         self.engine.wake()
-        groups = self.engine.generate(prompt_ids, sampling_spec(self.cfg.sampling, n=self.group_size, seed=seed))
+        groups = self.engine.generate(prompt_ids, sampling_spec(self.cfg.sampling, n=self.group_size, seed=seed,
+                                                                logprobs=logprobs))
         out = Rollout.empty()
         for ex, text, ids, group in zip(examples, prompts, prompt_ids, groups):
             if len(group) != self.group_size:
                 raise RuntimeError(f"rollout engine returned {len(group)} completions for a prompt, "
                                    f"expected {self.group_size}")
             for c in group:
-                if c.logprobs is None:
+                if logprobs and c.logprobs is None:
                     raise RuntimeError(f"{type(self.engine).__name__} returned no log-probs; the trainer needs "
                                        "the sampler's log-prob of every response token (Completion.logprobs)")
                 out.example_indices.append(ex.index)
@@ -225,7 +235,7 @@ class RolloutWorker:
                 out.ground_truths.append(ex.ground_truth)
                 out.finish_reasons.append(c.finish_reason)
                 out.prompts.append(text)
-                out.logprobs.append(list(c.logprobs))
+                out.logprobs.append(list(c.logprobs) if logprobs else None)
         return out
 
     def grade(self, rollout: Rollout) -> tuple[list[dict], dict]:
@@ -237,7 +247,7 @@ class RolloutWorker:
 
     def to_batch(self, rollout: Rollout, grades: list[dict]) -> tuple[RolloutBatch, dict]:
         """Group-normalised advantages and the padded batch the policy trains on (with the sampler's
-        log-probs).  With `grpo.overlong: soft_penalty` the rewards are penalised for length first, so
+        log-probs where they were asked for).  With `grpo.overlong: soft_penalty` the rewards are penalised for length first, so
         the advantages and `raw_rewards` include the penalty (the logged reward/* do not)."""
         g, tok = self.cfg.grpo, self.tokenizer
         rewards = torch.tensor([grade["reward"] for grade in grades], dtype=torch.float32)
@@ -247,7 +257,8 @@ class RolloutWorker:
             rewards, g.group_size, g.advantage_eps, g.normalize_by_std)
         batch = build_rollout_batch(rollout.prompt_ids, rollout.response_ids, pad_token_id=tok.pad_token_id,
                                     eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
-                                    padding_side=self.cfg.model.padding_side, response_logprobs=rollout.logprobs)
+                                    padding_side=self.cfg.model.padding_side,
+                                    response_logprobs=None if None in rollout.logprobs else rollout.logprobs)
         batch.advantages, batch.raw_rewards = advantages, raw_rewards
         return batch, reward_stats
 
