@@ -145,6 +145,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     _require(o.max_nonfinite_steps >= 1, f"optim.max_nonfinite_steps: must be >= 1, got {o.max_nonfinite_steps}")
     _require(o.train_micro_batch_size >= 1,
              f"optim.train_micro_batch_size: must be >= 1, got {o.train_micro_batch_size}")
+    _require(o.micro_batch_tokens >= 0,
+             f"optim.micro_batch_tokens: must be >= 0 (0 = fixed rows per micro-batch), got {o.micro_batch_tokens}")
     _require(o.rollout_batch_size >= 1, f"optim.rollout_batch_size: must be >= 1, got {o.rollout_batch_size}")
     _require(o.rollout_batch_size % g.group_size == 0,
              f"optim.rollout_batch_size: must be a multiple of grpo.group_size ({g.group_size}), "

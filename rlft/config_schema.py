@@ -135,6 +135,9 @@ class OptimConfig:
     lr_schedule: str = "constant"  # constant | cosine (after warm-up)
     rollout_batch_size: int = 256  # responses per step = prompts per step * group_size
     train_micro_batch_size: int = 2  # sequences per pipeline micro-batch
+    # > 0: micro-batches by a token budget instead (rows sorted by length, rows x longest row <= this
+    # many tokens each; see rlft/micro_batches.py); 0 = train_micro_batch_size rows each.
+    micro_batch_tokens: int = 0
     # A step whose loss or gradient is not finite skips its update; this many in a row stop the run
     # (exit status 1, no checkpoint of those steps, no model/ export).
     max_nonfinite_steps: int = 3

@@ -34,10 +34,11 @@ class Objective(Protocol):
     needs_reference: bool  # the run needs the reference role's ref_logprobs
 
     def loss(self, logp: Tensor, entropy: Tensor, labels: Labels, *, num_tokens_total: float,
-             num_micro_batches: int) -> tuple[Tensor, dict[str, Tensor]]:
+             num_micro_batches: int, num_rows_total: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """The micro-batch's scalar loss and metrics.  `num_tokens_total` is the response-token
-        count of the replica's whole batch, `num_micro_batches` DeepSpeed's gradient-accumulation
-        steps (it divides every micro-batch's loss by them): token means over the batch come out exact."""
+        count of the replica's whole batch, `num_rows_total` its sequence count (None: micro-batches
+        of equal row counts), `num_micro_batches` DeepSpeed's gradient-accumulation steps (it divides
+        every micro-batch's loss by them): means over the batch come out exact, however it is cut."""
         ...
 
     def unmeasured(self, batch: RolloutBatch) -> tuple[str, ...]:
@@ -72,7 +73,7 @@ class GRPOObjective:
         return ROLLOUT_MISMATCH_METRIC_KEYS if batch.sampler_logprobs is None else ()
 
     def loss(self, logp: Tensor, entropy: Tensor, labels: Labels, *, num_tokens_total: float,
-             num_micro_batches: int) -> tuple[Tensor, dict[str, Tensor]]:
+             num_micro_batches: int, num_rows_total: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         g = self.g
         if g.old_logprobs == "reference":
             old = labels.ref_logprobs
@@ -99,7 +100,7 @@ class GRPOObjective:
             cliprange_high=g.cliprange_high, kl_coef=g.kl_coef, kl_estimator=g.kl_estimator,
             aggregation=g.aggregation, constant_normalizer=float(self.max_tokens),
             num_tokens_total=num_tokens_total, num_micro_batches=num_micro_batches,
-            rollout_is_weights=weights)
+            num_rows_total=num_rows_total, rollout_is_weights=weights)
         metrics = {k: metrics[k].detach().float() for k in POLICY_LOSS_METRIC_KEYS}
         metrics["entropy"] = masked_mean(entropy.detach().float(), labels.response_mask)
         if labels.sampler_logprobs is None:  # a step that did not ask the sampler for log-probs
@@ -120,7 +121,7 @@ class SFTObjective:
     needs_reference = False
 
     def loss(self, logp: Tensor, entropy: Tensor, labels: Labels, *, num_tokens_total: float,
-             num_micro_batches: int) -> tuple[Tensor, dict[str, Tensor]]:
+             num_micro_batches: int, num_rows_total: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         mask = labels.response_mask
         # Token-level mean over the whole batch: each micro-batch contributes its token sum divided
         # by the batch's token count, times the micro-batch count because DeepSpeed divides by it.
