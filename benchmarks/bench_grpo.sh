@@ -6,7 +6,8 @@
 # Runs W-small (8 prompts x 8 x 256 tokens) and W-big (64 x 8 x 512) with the random
 # Qwen2.5-1.5B-shaped model, STEPS steps each (medians over steps 2..STEPS), writes
 # OUT/<workload>/bench.json and merges the headline figures into benchmarks/results/summary.json
-# (keys w_small_1gpu, w_big_1gpu).  TRL is skipped with a message where it is not installed.
+# (keys w_small_1gpu, w_big_1gpu), with the raw vLLM engine's tokens/s on the same work
+# (--raw-engine).  TRL is skipped with a message where it is not installed.
 #
 # Environment: PYTHON (default python3), STEPS (default 6), MODEL (default random-1.5b),
 #   WORKLOADS (default "w-small w-big"), BASELINE (default trl; none to skip it), EXTRA_ARGS.
@@ -20,6 +21,6 @@ rc=0
 for w in ${WORKLOADS:-w-small w-big}; do
   # shellcheck disable=SC2086
   "$PYTHON" -m rlft.bench --model "${MODEL:-random-1.5b}" --workload "$w" --steps "${STEPS:-6}" \
-    --baseline "${BASELINE:-trl}" --summary-json --out "$out/$w" ${EXTRA_ARGS:-} || rc=$?
+    --baseline "${BASELINE:-trl}" --raw-engine --summary-json --out "$out/$w" ${EXTRA_ARGS:-} || rc=$?
 done
 exit $rc

@@ -97,12 +97,16 @@ class Labels:
     sampler_logprobs: Optional[Tensor] = None  # [b, T-1]
 
     @classmethod
-    def of(cls, batch: RolloutBatch, fields: Sequence[str]) -> Labels:
-        """The named fields of ``batch``, as float tensors."""
-        missing = [name for name in fields if getattr(batch, name) is None]
+    def of(cls, batch: RolloutBatch, fields: Sequence[str], optional: Sequence[str] = ()) -> Labels:
+        """The named fields of ``batch``, as float tensors.  A field named in ``optional`` that the
+        batch lacks becomes an empty ``[B, 0]`` tensor, so that the tuple DeepSpeed carries keeps its
+        layout; :meth:`unpack` turns it back into None."""
+        missing = [name for name in fields if getattr(batch, name) is None and name not in optional]
         if missing:
             raise ValueError(f"the batch has no {', '.join(missing)}; the objective reads them")
-        return cls(**{name: getattr(batch, name).float() for name in fields})
+        empty = torch.zeros((len(batch), 0))
+        return cls(**{name: empty if getattr(batch, name) is None else getattr(batch, name).float()
+                      for name in fields})
 
     def select(self, rows: slice, width: int) -> Labels:
         """The micro-batch of ``rows``, its label-aligned tensors cut to a token width of ``width``."""
@@ -114,7 +118,9 @@ class Labels:
 
     @classmethod
     def unpack(cls, fields: Sequence[str], tensors: Sequence[Tensor]) -> Labels:
-        return cls(**dict(zip(fields, tensors, strict=True)))
+        """The inverse of :meth:`pack`; an empty tensor (an absent optional field) becomes None."""
+        return cls(**{name: None if t.numel() == 0 and t.dim() == 2 else t
+                      for name, t in zip(fields, tensors, strict=True)})
 
 
 def _cut(t: Tensor, rows: slice, width: int) -> Tensor:

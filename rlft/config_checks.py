@@ -50,6 +50,8 @@ def _check_rollout_corrections(g: GRPOConfig, s: SamplingConfig) -> None:
     _require(g.rollout_is in ROLLOUT_IS_MODES,
              f"grpo.rollout_is: must be one of {', '.join(ROLLOUT_IS_MODES)}, got '{g.rollout_is}'")
     _require(1 <= g.rollout_is_cap < float("inf"), f"grpo.rollout_is_cap: must be a number >= 1, got {g.rollout_is_cap}")
+    _require(g.mismatch_metrics_every >= 0,
+             f"grpo.mismatch_metrics_every: must be >= 0 (0 = never), got {g.mismatch_metrics_every}")
     _require(g.overlong in OVERLONG_MODES,
              f"grpo.overlong: must be one of {', '.join(OVERLONG_MODES)}, got '{g.overlong}'")
     if g.overlong == "soft_penalty":
@@ -194,6 +196,8 @@ def _check_optim(o: schema.OptimConfig, g: GRPOConfig) -> None:
     _require(o.max_nonfinite_steps >= 1, f"optim.max_nonfinite_steps: must be >= 1, got {o.max_nonfinite_steps}")
     _require(o.train_micro_batch_size >= 1,
              f"optim.train_micro_batch_size: must be >= 1, got {o.train_micro_batch_size}")
+    _require(o.micro_batch_tokens >= 0,
+             f"optim.micro_batch_tokens: must be >= 0 (0 = fixed rows per micro-batch), got {o.micro_batch_tokens}")
     _require(o.rollout_batch_size >= 1, f"optim.rollout_batch_size: must be >= 1, got {o.rollout_batch_size}")
     _require(o.rollout_batch_size % g.group_size == 0,
              f"optim.rollout_batch_size: must be a multiple of grpo.group_size ({g.group_size}), "

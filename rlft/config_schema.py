@@ -117,10 +117,14 @@ class GRPOConfig:
     # groups whose rewards differ (at most max_sampling_rounds rounds; then zero-variance groups fill in).
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 4
-    # Sampler vs trainer log-probs (rollout_mismatch/* is logged on every step).  tis = truncated
-    # importance sampling: the policy-gradient term of each token x min(pi_trainer / pi_sampler, cap).
+    # Sampler vs trainer log-probs.  tis = truncated importance sampling: the policy-gradient term of
+    # each token x min(pi_trainer / pi_sampler, cap).
     rollout_is: str = "none"  # none | tis
     rollout_is_cap: float = 2.0
+    # rollout_mismatch/* on step 1 and every N-th step after it (0 = never).  Asking the sampler for
+    # log-probs slows vLLM's sampling 2.3x, so the other steps sample without them; with rollout_is: tis
+    # or schedule.max_staleness > 0 the loss reads them, so every step has them and logs the metrics.
+    mismatch_metrics_every: int = 10
     # Responses cut by sampling.max_tokens (DAPO): filter = no loss on them; soft_penalty = reward
     # - overlong_penalty x (how far into the last overlong_buffer tokens the response ran).
     overlong: str = "none"  # none | filter | soft_penalty
@@ -137,6 +141,17 @@ class GRPOConfig:
         """Several optimizer steps per rollout: the sampling policy's log-probs are computed once
         before the first (with one step they equal the current log-probs)."""
         return self.epochs_per_rollout > 1 and self.old_logprobs == "policy"
+
+    def loss_reads_sampler_logprobs(self, max_staleness: int) -> bool:
+        """The loss itself reads the sampler's log-probs: TIS, or off-policy batches whose old
+        log-probs are the sampler's (`schedule.max_staleness` > 0)."""
+        return self.rollout_is != "none" or max_staleness > 0
+
+    def wants_sampler_logprobs(self, step: int, max_staleness: int) -> bool:
+        """The rollouts of `step` ask the engine for each token's log-prob: when the loss reads them,
+        or on the steps that log rollout_mismatch/* (step 1 and every `mismatch_metrics_every`-th)."""
+        every = self.mismatch_metrics_every
+        return self.loss_reads_sampler_logprobs(max_staleness) or (every > 0 and (step - 1) % every == 0)
 
 
 @dataclass
@@ -160,6 +175,9 @@ class OptimConfig:
     lr_schedule: str = "constant"  # constant | cosine (after warm-up)
     rollout_batch_size: int = 256  # responses per step = prompts per step * group_size
     train_micro_batch_size: int = 2  # sequences per pipeline micro-batch
+    # > 0: micro-batches by a token budget instead (rows sorted by length, rows x longest row <= this
+    # many tokens each; see rlft/micro_batches.py); 0 = train_micro_batch_size rows each.
+    micro_batch_tokens: int = 0
     # A step whose loss or gradient is not finite skips its update; this many in a row stop the run
     # (exit status 1, no checkpoint of those steps, no model/ export).
     max_nonfinite_steps: int = 3

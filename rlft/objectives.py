@@ -11,7 +11,7 @@ from typing import Protocol
 
 from torch import Tensor
 
-from rlft.batch import Labels
+from rlft.batch import Labels, RolloutBatch
 from rlft.config import GRPOConfig
 from rlft.grpo import (
     POLICY_LOSS_METRIC_KEYS,
@@ -28,23 +28,30 @@ class Objective(Protocol):
     """What the policy needs of a loss."""
 
     label_fields: tuple[str, ...]  # the RolloutBatch fields the loss reads (response_mask first)
+    optional_label_fields: tuple[str, ...]  # those of them a batch may lack (the loss then gets None)
     metric_names: tuple[str, ...]  # the per-micro-batch scalars loss() returns, the same every call
     needs_old_logprobs: bool  # the policy computes old_logprobs before its optimizer steps
     needs_reference: bool  # the run needs the reference role's ref_logprobs
 
     def loss(self, logp: Tensor, entropy: Tensor, labels: Labels, *, num_tokens_total: float,
-             num_micro_batches: int) -> tuple[Tensor, dict[str, Tensor]]:
+             num_micro_batches: int, num_rows_total: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """The micro-batch's scalar loss and metrics.  `num_tokens_total` is the response-token
-        count of the replica's whole batch, `num_micro_batches` DeepSpeed's gradient-accumulation
-        steps (it divides every micro-batch's loss by them): token means over the batch come out exact."""
+        count of the replica's whole batch, `num_rows_total` its sequence count (None: micro-batches
+        of equal row counts), `num_micro_batches` DeepSpeed's gradient-accumulation steps (it divides
+        every micro-batch's loss by them): means over the batch come out exact, however it is cut."""
+        ...
+
+    def unmeasured(self, batch: RolloutBatch) -> tuple[str, ...]:
+        """The metric names that `batch` cannot measure (reported as 0 by `loss`, left out of the step's log)."""
         ...
 
 
 class GRPOObjective:
     """A GRPO-family loss (`grpo.loss_type`, `rlft.grpo.POLICY_LOSSES`) plus the KL penalty; with
     `grpo.rollout_is: tis`, its policy-gradient term weighted per token by truncated importance
-    sampling against the sampler's log-probs.  The sampler-trainer mismatch is measured on every
-    step (`rollout_mismatch/*`, see `rlft.grpo.rollout_correction`)."""
+    sampling against the sampler's log-probs.  The sampler-trainer mismatch (`rollout_mismatch/*`, see
+    `rlft.grpo.rollout_correction`) is measured on the steps whose batch carries the sampler's log-probs
+    (`grpo.mismatch_metrics_every`, or every step where the loss reads them)."""
 
     metric_names = (*POLICY_LOSS_METRIC_KEYS, "entropy", *ROLLOUT_MISMATCH_METRIC_KEYS)
 
@@ -59,10 +66,14 @@ class GRPOObjective:
         self.label_fields = ("response_mask", "advantages", "raw_rewards", "sampler_logprobs",
                              *(("old_logprobs",) if g.recomputes_old_logprobs else ()),
                              *(("ref_logprobs",) if g.needs_reference else ()))
+        self.optional_label_fields = () if g.loss_reads_sampler_logprobs(int(off_policy)) else ("sampler_logprobs",)
         self.mismatch = MicroBatchMismatch()
 
+    def unmeasured(self, batch: RolloutBatch) -> tuple[str, ...]:
+        return ROLLOUT_MISMATCH_METRIC_KEYS if batch.sampler_logprobs is None else ()
+
     def loss(self, logp: Tensor, entropy: Tensor, labels: Labels, *, num_tokens_total: float,
-             num_micro_batches: int) -> tuple[Tensor, dict[str, Tensor]]:
+             num_micro_batches: int, num_rows_total: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         g = self.g
         if g.old_logprobs == "reference":
             old = labels.ref_logprobs
@@ -89,11 +100,14 @@ class GRPOObjective:
             cliprange_high=g.cliprange_high, kl_coef=g.kl_coef, kl_estimator=g.kl_estimator,
             aggregation=g.aggregation, constant_normalizer=float(self.max_tokens),
             num_tokens_total=num_tokens_total, num_micro_batches=num_micro_batches,
-            rollout_is_weights=weights)
+            num_rows_total=num_rows_total, rollout_is_weights=weights)
         metrics = {k: metrics[k].detach().float() for k in POLICY_LOSS_METRIC_KEYS}
         metrics["entropy"] = masked_mean(entropy.detach().float(), labels.response_mask)
-        sums = rollout_mismatch_sums(behaviour, labels.sampler_logprobs, labels.response_mask, g.rollout_is_cap)
-        metrics.update(self.mismatch.report(sums, num_micro_batches))
+        if labels.sampler_logprobs is None:  # a step that did not ask the sampler for log-probs
+            metrics.update(dict.fromkeys(ROLLOUT_MISMATCH_METRIC_KEYS, logp.new_zeros(())))
+        else:
+            sums = rollout_mismatch_sums(behaviour, labels.sampler_logprobs, labels.response_mask, g.rollout_is_cap)
+            metrics.update(self.mismatch.report(sums, num_micro_batches))
         return loss, metrics
 
 
@@ -102,13 +116,17 @@ class SFTObjective:
 
     metric_names = ("entropy",)
     label_fields = ("response_mask",)
+    optional_label_fields = ()
     needs_old_logprobs = False
     needs_reference = False
 
     def loss(self, logp: Tensor, entropy: Tensor, labels: Labels, *, num_tokens_total: float,
-             num_micro_batches: int) -> tuple[Tensor, dict[str, Tensor]]:
+             num_micro_batches: int, num_rows_total: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         mask = labels.response_mask
         # Token-level mean over the whole batch: each micro-batch contributes its token sum divided
         # by the batch's token count, times the micro-batch count because DeepSpeed divides by it.
         loss = -(logp * mask).sum() * num_micro_batches / num_tokens_total
         return loss, {"entropy": masked_mean(entropy.detach().float(), mask)}
+
+    def unmeasured(self, batch: RolloutBatch) -> tuple[str, ...]:
+        return ()

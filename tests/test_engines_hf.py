@@ -171,6 +171,45 @@ def chain_cases(tokenizer):
 
 
 # ----------------------------------------------------------------------------- fixtures
+def rollout_worker(engine, tokenizer, **grpo):
+    """The rollout role's sampling half over `engine`: two prompts per step, two responses each, of at
+    most 6 tokens (no data set, no grader)."""
+    from rlft.config import build_config
+    from rlft.roles.rollout import RolloutWorker
+    cfg = build_config({"grpo": {"group_size": 2, **grpo}, "optim": {"rollout_batch_size": 4},
+                        "data": {"prompt_template": "r1_short"},
+                        "sampling": {"max_tokens": 6, "min_tokens": 0, "temperature": 1.0}})
+    from rlft.roles.generation import RolloutGenerator
+    w = RolloutWorker.__new__(RolloutWorker)
+    w.cfg, w.engine, w.tokenizer, w.group_size = cfg, engine, tokenizer, 2
+    w.generator = RolloutGenerator(cfg, engine, tokenizer)
+    return w
+
+
+def rollout_examples():
+    from rlft.data import Example
+    return [Example(question=q, ground_truth="7", solution=None, source="test", index=i)
+            for i, q in enumerate(["3+4?", "2+5?"])]
+
+
+def check_logprobs_only_where_read(engine, tokenizer):
+    """Default GRPO: step 2 samples without log-probs (none reach the batch); step 1 (the mismatch
+    metrics' step) and any step with TIS or an off-policy schedule sample with them."""
+    default = rollout_worker(engine, tokenizer)
+    assert [s for s in range(1, 13) if default.wants_logprobs(s)] == [1, 11]
+    plain = default.generator.generate(rollout_examples(), seed=5, logprobs=default.wants_logprobs(2))
+    assert len(plain.response_ids) == 4 and plain.logprobs == [None] * 4
+    grades = [{"reward": float(i % 2), "format_reward": 0.0, "answer_reward": 0.0} for i in range(4)]
+    assert default.to_batch(plain, grades)[0].sampler_logprobs is None
+    for worker, step in ((default, 1), (rollout_worker(engine, tokenizer, rollout_is="tis"), 2)):
+        assert worker.wants_logprobs(step)
+        measured = worker.generator.generate(rollout_examples(), seed=5, logprobs=True)
+        assert [len(lp) for lp in measured.logprobs] == [len(ids) for ids in measured.response_ids]
+        assert all(math.isfinite(x) and x <= 0 for lp in measured.logprobs for x in lp)
+        batch, _ = worker.to_batch(measured, grades)
+        assert batch.sampler_logprobs is not None and batch.sampler_logprobs.sum() < 0
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     return build_tokenizer()
@@ -430,3 +469,8 @@ def test_chain_model_logit_margin(tokenizer):
     assert top2.indices[:, 0].tolist() == list(step.values())
     assert (top2.values[:, 0] > ALPHA * math.sqrt(128) * 0.9).all()
     assert (top2.values[:, 0] - top2.values[:, 1] > 10).all()
+
+
+def test_default_rollouts_ask_the_hf_engine_for_no_logprobs(tokenizer):
+    engine = HFEngine(random_model(tokenizer, seed=4, std=0.05), dtype="float32", tokenizer=tokenizer)
+    check_logprobs_only_where_read(engine, tokenizer)

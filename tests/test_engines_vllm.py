@@ -341,3 +341,39 @@ def test_evaluate_cli_with_vllm_prints_only_results_on_stdout(tmp_path):
     lines = proc.stdout.strip().splitlines()
     assert lines[0].endswith(f"on {data}:test") and lines[-1].startswith("summary: "), proc.stdout
     assert len(lines) <= 14 and not any("INFO" in line for line in lines), proc.stdout
+
+
+@requires_vllm
+def test_default_rollouts_ask_vllm_for_no_logprobs(engine, tokenizer):
+    engine.update_weights(helpers.random_model(tokenizer, seed=4, std=0.05).state_dict().items())
+    helpers.check_logprobs_only_where_read(engine, tokenizer)
+
+
+@requires_vllm
+def test_text_decoded_after_sampling_equals_vllms_detokenizer(engine, tokenizer):
+    """Without stop strings the engine samples with detokenize=False and decodes every response in one
+    batch afterwards: the same text vLLM's incremental detokenizer writes (byte-level tokens that split
+    UTF-8 characters, special tokens, eos included).  With stop strings vLLM needs its detokenizer."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    engine.update_weights(helpers.random_model(tokenizer, seed=21, std=0.3).state_dict().items())
+    prompts = [helpers.encode(tokenizer, t) for t in ("Hi", "Q: 3+4=?", "é∑")]
+    spec = SamplingSpec(temperature=1.0, n=8, max_tokens=24, min_tokens=0, stop=[], repetition_penalty=1.0,
+                        seed=11, logprobs=False)
+    ours = engine.generate(prompts, spec)
+    raw = engine.llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in prompts],
+        [SamplingParams(n=8, temperature=1.0, max_tokens=24, min_tokens=0, seed=11 + i * 8, detokenize=True)
+         for i in range(len(prompts))], use_tqdm=False)
+    pairs = [(c, o) for group, request in zip(ours, raw)
+             for c, o in zip(group, sorted(request.outputs, key=lambda o: o.index))]
+    assert len(pairs) == 24
+    assert all(c.token_ids == list(o.token_ids) for c, o in pairs)  # same seeds, same draws
+    assert [c.text for c, _ in pairs] == [o.text for _, o in pairs]
+    decoded = "".join(c.text for c, _ in pairs)
+    assert "\ufffd" in decoded or any(ord(ch) > 127 for ch in decoded), "no split multi-byte characters drawn"
+    assert any(c.finish_reason == "eos" for c, _ in pairs) or any(
+        tokenizer.pad_token_id in c.token_ids for c, _ in pairs), "no special token drawn"
+    with pytest.raises(Exception, match="stop strings are only supported when detokenize is True"):
+        SamplingParams(stop=["</answer>"], detokenize=False)

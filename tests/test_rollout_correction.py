@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from rlft.batch import Labels
+from rlft.batch import Labels, RolloutBatch
 from rlft.config import GRPOConfig
 from rlft.grpo import (
     ROLLOUT_MISMATCH_METRIC_KEYS,
@@ -135,3 +135,57 @@ def test_micro_batch_accumulator_with_an_empty_micro_batch():
     for key, want in EXPECTED.items():
         close((reports[0][key] + reports[1][key]) / 2, want)
     assert all(v.item() == 0.0 for v in reports[0].values())
+
+
+def test_a_batch_without_sampler_logprobs_trains_alike_and_measures_nothing():
+    """A step that did not ask the sampler for log-probs (not a grpo.mismatch_metrics_every step):
+    the field travels as an empty tensor, the loss is the same as with them, the mismatch metrics
+    are 0 in the pipeline's report and left out of the step's log."""
+    g = GRPOConfig(loss_type="reinforce_with_baseline", aggregation="token")
+    objective = GRPOObjective(g, max_tokens=3)
+    assert objective.optional_label_fields == ("sampler_logprobs",)
+    batch = RolloutBatch(input_ids=torch.zeros(2, 4, dtype=torch.long), attention_mask=torch.ones(2, 4),
+                         response_mask=MASK, prompt_lengths=torch.ones(2), response_lengths=torch.ones(2),
+                         advantages=ADV, raw_rewards=ADV)
+    fields = objective.label_fields
+    with pytest.raises(ValueError, match="sampler_logprobs"):
+        Labels.of(batch, fields)
+    carried = Labels.of(batch, fields, objective.optional_label_fields).select(slice(None), 4).pack(fields)
+    assert carried[fields.index("sampler_logprobs")].shape == (2, 0)
+    unpacked = Labels.unpack(fields, carried)
+    assert unpacked.sampler_logprobs is None
+    loss, metrics = objective.loss(TRAINER.clone(), torch.ones(2, 3), unpacked, num_tokens_total=5.0,
+                                   num_micro_batches=1)
+    close(loss, -0.1)  # as with the sampler's log-probs and rollout_is none (above)
+    assert set(metrics) == set(objective.metric_names)
+    assert all(metrics[k].item() == 0.0 for k in ROLLOUT_MISMATCH_METRIC_KEYS)
+    assert objective.unmeasured(batch) == ROLLOUT_MISMATCH_METRIC_KEYS
+    batch.sampler_logprobs = SAMPLER
+    assert objective.unmeasured(batch) == ()
+    # The next step measures again, from a fresh start.
+    _, metrics = objective.loss(TRAINER.clone(), torch.ones(2, 3), labels(), num_tokens_total=5.0,
+                                num_micro_batches=1)
+    for key, want in EXPECTED.items():
+        close(metrics[key], want)
+
+
+@pytest.mark.parametrize("overrides, want", [
+    ({}, False),
+    ({"rollout_is": "tis"}, True),
+])
+def test_the_loss_reads_sampler_logprobs_only_with_tis_or_off_policy(overrides, want):
+    g = GRPOConfig(**overrides)
+    assert g.loss_reads_sampler_logprobs(max_staleness=0) is want
+    assert g.loss_reads_sampler_logprobs(max_staleness=1) is True
+    assert GRPOObjective(g, max_tokens=3, off_policy=True).optional_label_fields == ()
+    assert GRPOObjective(g, max_tokens=3).optional_label_fields == (() if want else ("sampler_logprobs",))
+
+
+def test_which_steps_ask_the_sampler_for_logprobs():
+    steps = range(1, 23)
+    asked = lambda g, staleness=0: [s for s in steps if g.wants_sampler_logprobs(s, staleness)]
+    assert asked(GRPOConfig()) == [1, 11, 21]  # the default: step 1 and every 10th after it
+    assert asked(GRPOConfig(mismatch_metrics_every=1)) == list(steps)
+    assert asked(GRPOConfig(mismatch_metrics_every=0)) == []
+    assert asked(GRPOConfig(mismatch_metrics_every=0, rollout_is="tis")) == list(steps)
+    assert asked(GRPOConfig(mismatch_metrics_every=0), staleness=2) == list(steps)

@@ -99,8 +99,14 @@ def test_kl_and_entropy_are_real_numbers(tiny_run):
 
 def test_sampler_and_trainer_logprobs_agree(tiny_run):
     # Same fp32 weights on both sides (synced every step): the mismatch is float noise, measured
-    # over the two micro-batches of the 2-stage pipeline; default runs log it without using it.
-    for s in read_steps(tiny_run["out"]):
+    # over the two micro-batches of the 2-stage pipeline, on the steps that ask the sampler for
+    # log-probs (grpo.mismatch_metrics_every: 2 -> steps 1 and 3); steps 2 and 4 sample without them.
+    steps = read_steps(tiny_run["out"])
+    assert [s["step"] for s in steps if "rollout_mismatch/kl" in s] == [1, 3]
+    for s in steps:
+        if s["step"] in (2, 4):
+            assert not any(k.startswith("rollout_mismatch/") for k in s)
+            continue
         assert abs(s["rollout_mismatch/kl"]) < 1e-6, s  # k3 >= 0 per token; micro-batch sums round
         assert abs(s["rollout_mismatch/ratio_mean"] - 1) < 1e-4
         assert s["rollout_mismatch/ratio_min"] <= s["rollout_mismatch/ratio_mean"] <= s["rollout_mismatch/ratio_max"]

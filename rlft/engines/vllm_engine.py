@@ -207,6 +207,9 @@ class VLLMEngine(RolloutEngine):
         for i, prompt in enumerate(prompt_token_ids):
             if len(prompt) == 0:
                 raise ValueError(f"prompt {i} is empty")
+        # vLLM finds stop strings in the text it detokenises as it goes (and refuses stop strings
+        # without it); with none, one batched decode afterwards gives the same text for less.
+        detokenize = bool(spec.stop)
         params = [
             SamplingParams(
                 n=spec.n,
@@ -218,6 +221,7 @@ class VLLMEngine(RolloutEngine):
                 include_stop_str_in_output=spec.include_stop_str_in_output,
                 repetition_penalty=spec.repetition_penalty,
                 logprobs=0 if spec.logprobs else None,  # 0: the sampled token's alone
+                detokenize=detokenize,
                 # vLLM gives the j-th of n samples seed + j: distinct seeds for every sample.
                 seed=None if spec.seed is None else spec.seed + i * spec.n,
             )
@@ -225,10 +229,13 @@ class VLLMEngine(RolloutEngine):
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids]
         outputs = self.llm.generate(prompts, params, use_tqdm=self.use_tqdm)
-        return [
+        groups = [
             [_completion(o) for o in sorted(request.outputs, key=lambda o: o.index)]
             for request in outputs
         ]
+        if not detokenize:
+            decode_texts(self.llm.get_tokenizer(), [c for group in groups for c in group])
+        return groups
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -420,6 +427,22 @@ class WeightSender:
             self._groups = {}
             self._store = None
             self._pool.shutdown(wait=False)
+
+
+def decode_texts(tokenizer, completions: list[Completion]) -> None:
+    """Fill in the text of completions sampled with ``detokenize=False``: one batched decode, without
+    special tokens, as vLLM's own detokenizer writes it (there is no stop string to cut at).
+
+    vLLM's incremental detokenizer holds back text that ends in U+FFFD (an incomplete UTF-8
+    character that a later token may complete) and never emits what is still held at the end; so
+    a text ending in U+FFFD is cut back to the longest token prefix whose text does not."""
+    texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+    for c, text in zip(completions, texts, strict=True):
+        k = len(c.token_ids)
+        while text.endswith("\ufffd") and k > 0:
+            k -= 1
+            text = tokenizer.decode(c.token_ids[:k], skip_special_tokens=True)
+        c.text = text
 
 
 def _completion(output) -> Completion:

@@ -69,6 +69,7 @@ def aggregate_loss(
     constant_normalizer: Optional[float] = None,
     num_tokens_total: Optional[float] = None,
     num_micro_batches: int = 1,
+    num_rows_total: Optional[float] = None,
 ) -> Tensor:
     """Reduce a ``[B, T]`` per-token loss over the response tokens to a scalar.
 
@@ -84,8 +85,10 @@ def aggregate_loss(
     micro-batch's returned loss by the number of micro-batches ``n`` and sums the gradients, so
     the optimiser sees ``Σ_i L_i / n``:
 
-    * ``"sequence"`` and ``"constant"`` need nothing extra: with equal-size micro-batches
-      ``Σ_i L_i / n`` is exactly the whole-batch value.
+    * ``"sequence"`` and ``"constant"`` need nothing extra with equal-size micro-batches:
+      ``Σ_i L_i / n`` is exactly the whole-batch value. Micro-batches of differing row counts
+      (a token budget) pass ``num_rows_total`` (rows in the whole batch) and ``num_micro_batches``:
+      each micro-batch then divides by ``num_rows_total / n`` instead of its own row count.
     * ``"token"``: a micro-batch's own token mean would weight every micro-batch equally whatever
       its token count. Pass ``num_tokens_total`` (response tokens in the whole batch) and
       ``num_micro_batches = n``; the result is then ``Σ_mb loss·mask · n / num_tokens_total``, so
@@ -106,8 +109,9 @@ def aggregate_loss(
             f"per_token_loss and mask must both be [B, T]; got {tuple(per_token_loss.shape)} and "
             f"{tuple(mask.shape)}"
         )
+    rows = per_token_loss.shape[0] if num_rows_total is None else num_rows_total / num_micro_batches
     if mode == "sequence":
-        return masked_mean(per_token_loss, mask, dim=-1).mean()
+        return masked_mean(per_token_loss, mask, dim=-1).sum() / rows
     if mode == "token":
         if num_tokens_total is None:
             if num_micro_batches != 1:
@@ -126,5 +130,5 @@ def aggregate_loss(
                 f"aggregation 'constant' needs a positive constant_normalizer (e.g. max_tokens), "
                 f"got {constant_normalizer!r}"
             )
-        return masked_normalize(per_token_loss, mask, per_token_loss.shape[0] * constant_normalizer)
+        return masked_normalize(per_token_loss, mask, rows * constant_normalizer)
     raise ValueError(f"unknown aggregation {mode!r}; valid: {', '.join(AGGREGATION_MODES)}")

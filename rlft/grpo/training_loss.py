@@ -33,6 +33,7 @@ def policy_loss(
     constant_normalizer: Optional[float] = None,
     num_tokens_total: Optional[float] = None,
     num_micro_batches: int = 1,
+    num_rows_total: Optional[float] = None,
     rollout_is_weights: Optional[Tensor] = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Training loss of one (micro-)batch: policy-gradient loss + ``kl_coef`` · KL, aggregated.
@@ -45,7 +46,7 @@ def policy_loss(
         old_log_probs, ref_log_probs: ``[B, T]`` (no gradient).
         kl_coef: weight of the KL penalty; > 0 requires ``ref_log_probs``.
         kl_estimator: ``"k1" | "k2" | "k3"``.
-        aggregation, constant_normalizer, num_tokens_total, num_micro_batches: see
+        aggregation, constant_normalizer, num_tokens_total, num_micro_batches, num_rows_total: see
             :func:`aggregate_loss`.
         rollout_is_weights: ``[B, T]`` per-token weights of the policy-gradient term (TIS,
             :func:`rlft.grpo.rollout_correction.truncated_is_weights`), without gradient; the KL
@@ -87,6 +88,7 @@ def policy_loss(
         constant_normalizer=constant_normalizer,
         num_tokens_total=num_tokens_total,
         num_micro_batches=num_micro_batches,
+        num_rows_total=num_rows_total,
     )
     if rollout_is_weights is not None:
         if rollout_is_weights.shape != pg_per_token.shape:

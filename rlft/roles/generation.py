@@ -29,7 +29,7 @@ class Rollout:
     ground_truths: list[str]
     finish_reasons: list[str]
     prompts: list[str]  # per response
-    logprobs: list[list[float]]  # per response token: the engine's raw log-prob (Completion.logprobs)
+    logprobs: list[list[float] | None]  # per response token: the engine's raw log-prob (None: not asked for)
 
     @classmethod
     def empty(cls) -> "Rollout":
@@ -55,20 +55,22 @@ class RolloutGenerator:
                                         answer_format=cfg.reward.answer_format)
         self.prompt = prompt_of(cfg)
 
-    def generate(self, examples: list[Example], seed: int, keep_awake: bool = False) -> Rollout:
+    def generate(self, examples: list[Example], seed: int, keep_awake: bool = False,
+                 logprobs: bool = False) -> Rollout:
         """`group_size` responses to each example's prompt (the engine stays awake with `keep_awake`,
-        for another round of the same step)."""
+        for another round of the same step), with each token's log-prob when `logprobs`."""
         prompts = [self.prompt.render(ex.question, self.tokenizer) for ex in examples]
         prompt_ids = self.prompt.encode([ex.question for ex in examples], self.tokenizer)
         self.engine.wake()
-        groups = self.engine.generate(prompt_ids, sampling_spec(self.cfg.sampling, n=self.group_size, seed=seed))
+        groups = self.engine.generate(prompt_ids, sampling_spec(self.cfg.sampling, n=self.group_size, seed=seed,
+                                                                logprobs=logprobs))
         out = Rollout.empty()
         for ex, text, ids, group in zip(examples, prompts, prompt_ids, groups):
             if len(group) != self.group_size:
                 raise RuntimeError(f"rollout engine returned {len(group)} completions for a prompt, "
                                    f"expected {self.group_size}")
             for c in group:
-                if c.logprobs is None:
+                if logprobs and c.logprobs is None:
                     raise RuntimeError(f"{type(self.engine).__name__} returned no log-probs; the trainer needs "
                                        "the sampler's log-prob of every response token (Completion.logprobs)")
                 out.example_indices.append(ex.index)
@@ -78,7 +80,7 @@ class RolloutGenerator:
                 out.ground_truths.append(ex.ground_truth)
                 out.finish_reasons.append(c.finish_reason)
                 out.prompts.append(text)
-                out.logprobs.append(list(c.logprobs))
+                out.logprobs.append(list(c.logprobs) if logprobs else None)
         return out
 
     def grade(self, rollout: Rollout) -> tuple[list[dict], dict]:

@@ -17,6 +17,7 @@ from transformers import AutoConfig
 
 from rlft.batch import Labels, RolloutBatch, used_width
 from rlft.config import RunConfig
+from rlft.micro_batches import fixed_micro_batches, row_widths, token_budget_micro_batches
 from rlft.objectives import Objective
 from rlft.pipeline import build_policy_pipeline, export_hf_state_dict, load_hf_weights, pipeline_logprobs
 from rlft.topology import RankRoles, check_stages_vs_layers
@@ -133,6 +134,8 @@ class PolicyTrainer:
             config=deepspeed_config(cfg, bf16=bf16, gradient_accumulation_steps=self.gas))
         self.module = self.engine.module
         self._num_tokens_total = 1.0
+        self._num_micro_batches = self.gas
+        self._num_rows_total = float(self.per_replica)
 
     # ------------------------------------------------------------------ loss (last stage)
 
@@ -140,7 +143,8 @@ class PolicyTrainer:
         logp, entropy = outputs
         labels = Labels.unpack(self.objective.label_fields, labels)
         loss, metrics = self.objective.loss(logp, entropy, labels, num_tokens_total=self._num_tokens_total,
-                                            num_micro_batches=self.gas)
+                                            num_micro_batches=self._num_micro_batches,
+                                            num_rows_total=self._num_rows_total)
         self.module.set_metrics({k: metrics[k].reshape(()) for k in self.objective.metric_names})
         return loss
 
@@ -151,15 +155,33 @@ class PolicyTrainer:
         n = self.per_replica
         return slice(self.roles.replica * n, (self.roles.replica + 1) * n)
 
-    def _micro_batches(self, part: RolloutBatch):
-        """This replica's training micro-batches, each cut to its own length; labels go to the last
-        stage only (DeepSpeed reads them nowhere else)."""
-        mb = self.cfg.optim.train_micro_batch_size
+    def micro_batch_rows(self, part: RolloutBatch) -> list[torch.Tensor]:
+        """The rows of each of this replica's micro-batches: `optim.train_micro_batch_size` at a time,
+        or, with `optim.micro_batch_tokens`, rows of similar length under that token budget
+        (`rlft.micro_batches`).  Every stage derives the same cut from the same batch."""
+        o = self.cfg.optim
+        if o.micro_batch_tokens:
+            return token_budget_micro_batches(row_widths(part.attention_mask), o.micro_batch_tokens)
+        return fixed_micro_batches(len(part), o.train_micro_batch_size)
+
+    def _plan_micro_batches(self, part: RolloutBatch) -> list[torch.Tensor]:
+        """The step's micro-batches; DeepSpeed is told their number (its gradient-accumulation steps,
+        which scale every micro-batch's loss and the schedule)."""
+        plan = self.micro_batch_rows(part)
+        if len(plan) != self.engine.gradient_accumulation_steps():
+            self.engine.set_train_batch_size(
+                len(plan) * self.engine.train_micro_batch_size_per_gpu() * self.roles.num_replicas)
+        self._num_micro_batches = len(plan)
+        return plan
+
+    def _micro_batches(self, part: RolloutBatch, plan: list[torch.Tensor]):
+        """This replica's training micro-batches (`plan`: their rows), each cut to its own length;
+        labels go to the last stage only (DeepSpeed reads them nowhere else)."""
         self._num_tokens_total = float(part.response_mask.float().sum().clamp(min=1))
+        self._num_rows_total = float(len(part))
         fields = self.objective.label_fields
-        labels = Labels.of(part, fields) if self.roles.last_stage else None
-        for i in range(0, len(part), mb):
-            rows = slice(i, i + mb)
+        labels = Labels.of(part, fields, self.objective.optional_label_fields) if self.roles.last_stage else None
+        for rows in plan:
             ids, attn = part.input_ids[rows], part.attention_mask[rows]
             width = used_width(attn)
             inputs = (ids[:, :width].to(self.device), attn[:, :width].to(self.device))
@@ -186,17 +208,20 @@ class PolicyTrainer:
             part.old_logprobs = self._logprobs(part)  # the last stage's; None on the others
         skipped_before = self.optimizer.skipped + self.engine.skipped_steps
         finite = True
+        plan = self._plan_micro_batches(part)
         for _ in range(epochs):
-            metrics = self._train(part)
+            metrics = self._train(part, plan)
             finite = finite and all(math.isfinite(metrics.get(k, 0.0)) for k in ("loss", "grad_norm"))
         skipped = self.optimizer.skipped + self.engine.skipped_steps - skipped_before
+        for name in self.objective.unmeasured(part):
+            metrics.pop(name, None)
         metrics["skipped_updates"] = float(skipped)
         metrics["nonfinite"] = float(skipped > 0 or not finite)
         return metrics if self.reports_metrics else {}
 
-    def _train(self, part: RolloutBatch) -> dict[str, float]:
+    def _train(self, part: RolloutBatch, plan: list[torch.Tensor]) -> dict[str, float]:
         """One optimizer step over this replica's rows; metrics on every stage."""
-        loss = self.engine.train_batch(data_iter=self._micro_batches(part))
+        loss = self.engine.train_batch(data_iter=self._micro_batches(part, plan))
         out = {"loss": float(loss.item()), "lr": float(self.engine.get_lr()[0])}
         norm = self.engine.get_global_grad_norm()
         if norm is not None:

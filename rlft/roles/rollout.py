@@ -72,7 +72,7 @@ class RolloutWorker:
             with timed("sample"):
                 round_examples = self.prompts.next_examples()
                 part = self.generator.generate(round_examples, seed=cfg.seed * 1_000_003 + step + 7919 * r,
-                                                       keep_awake=r + 1 < rounds)
+                                               keep_awake=r + 1 < rounds, logprobs=self.wants_logprobs(step))
             with timed("grade"):
                 part_grades, counts = self.generator.grade(part)
             for k, v in counts.items():
@@ -100,6 +100,12 @@ class RolloutWorker:
             metrics["samples"] = self.samples(examples, rollout, grades)
         return batch, metrics
 
+    def wants_logprobs(self, step: int) -> bool:
+        """Whether the rollouts of `step` ask the engine for log-probs: only where something reads them
+        (TIS, off-policy batches, the steps that log rollout_mismatch/*; see
+        `GRPOConfig.wants_sampler_logprobs`)."""
+        return self.cfg.grpo.wants_sampler_logprobs(step, self.cfg.schedule.max_staleness)
+
     def to_batch(self, rollout: Rollout, grades: list[dict]) -> tuple[RolloutBatch, dict]:
         """Group-normalised advantages and the padded batch the policy trains on (with the sampler's
         log-probs).  With `grpo.overlong: soft_penalty` the rewards are penalised for length first, so
@@ -112,7 +118,8 @@ class RolloutWorker:
             rewards, g.group_size, g.advantage_eps, g.advantage_estimator)
         batch = build_rollout_batch(rollout.prompt_ids, rollout.response_ids, pad_token_id=tok.pad_token_id,
                                     eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
-                                    padding_side=self.cfg.model.padding_side, response_logprobs=rollout.logprobs)
+                                    padding_side=self.cfg.model.padding_side,
+                                    response_logprobs=None if None in rollout.logprobs else rollout.logprobs)
         batch.advantages, batch.raw_rewards = advantages, raw_rewards
         return batch, reward_stats
 
