@@ -7,7 +7,13 @@ from fractions import Fraction
 import pytest
 
 from rlft.reward.worker import is_safe_for_symbolic
-from rlft.reward.answers import extract_answer_text, extract_boxed, normalize_number, parse_number_form
+from rlft.reward.answers import (
+    distinct_candidates,
+    extract_answer_text,
+    extract_boxed,
+    normalize_number,
+    parse_number_form,
+)
 from rlft.reward.grader import Grader, default_grader, grade_batch, r1_zero_reward_fn
 
 RIGHT = {"format_reward": 1.0, "answer_reward": 1.0, "reward": 1.0}
@@ -97,6 +103,78 @@ WRONG_CASES = [
 @pytest.mark.parametrize("answer,ground_truth", WRONG_CASES)
 def test_wrong_answers_score_zero_with_format_credit(answer, ground_truth):
     assert r1_zero_reward_fn(respond(answer), ground_truth) == WRONG
+
+
+# --------------------------------------------------------------------------- no free credit
+
+# Words after the number that negate, hedge or scale it; a percent read a second way; several
+# candidates. Each of these scored 1 for the ground truth 18 (or the one given) before.
+FREE_CREDIT = [
+    ("18 is not the answer", "18"),
+    ("18 or nineteen", "18"),
+    ("18 or more", "18"),
+    ("at least 18", "18"),
+    ("18 thousand", "18"),
+    ("18k", "18"),
+    ("18K", "18"),
+    ("18m", "18"),
+    ("18 dozen", "18"),
+    ("18 squared", "18"),
+    ("18 million dollars", "18"),
+    ("1800%", "18"),
+    ("1800\\%", "18"),
+    ("0.25%", "0.25"),
+    ("\\boxed{18} or \\boxed{20}", "20"),
+    ("\\boxed{18} or \\boxed{20}", "18"),
+    ("\\boxed{20} \\boxed{18}", ["18", "20"]),
+]
+
+
+@pytest.mark.parametrize("answer,ground_truth", FREE_CREDIT)
+@pytest.mark.parametrize("fast", [True, False])
+def test_no_free_credit(answer, ground_truth, fast):
+    assert r1_zero_reward_fn(respond(answer), ground_truth, fast=fast) == WRONG
+
+
+# A number followed by a unit (with a power) is still the number; one candidate boxed twice is
+# one candidate.
+UNITS_AND_REPEATS = [
+    ("18 \\text{ cm}^2", "18"),
+    ("18 cm^{2}", "18"),
+    ("18 m\u00b2", "18"),
+    ("18 m", "18"),
+    ("18 miles per hour", "18"),
+    ("5 km/h", "5"),
+    ("3 sq. ft", "3"),
+    ("18 cups of flour", "18"),
+    ("18 years old", "18"),
+    ("18%", "18"),
+    ("25%", "0.25"),
+    ("1800%", "1800"),
+    ("\\boxed{18} so the answer is \\boxed{18.0}", "18"),
+    ("\\boxed{\\boxed{18}}", "18"),
+]
+
+
+@pytest.mark.parametrize("answer,ground_truth", UNITS_AND_REPEATS)
+def test_units_and_repeated_answers_are_credited(answer, ground_truth):
+    assert r1_zero_reward_fn(respond(answer), ground_truth) == RIGHT
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("\\boxed{18} or \\boxed{20}", ["18", "20"]),
+        ("\\boxed{18} i.e. \\boxed{18.00}", ["18"]),
+        ("\\boxed{\\frac{1}{2}} = \\boxed{0.5}", ["\\frac{1}{2}"]),
+        ("\\boxed{x + 1} or \\boxed{x+1}", ["x + 1"]),
+        ("\\fbox{3} \\boxed{4}", ["3", "4"]),
+        (" 18 ", ["18"]),
+        ("  ", []),
+    ],
+)
+def test_distinct_candidates(text, expected):
+    assert distinct_candidates(text) == expected
 
 
 # --------------------------------------------------------------------------- number forms only

@@ -26,37 +26,79 @@ MAX_ANSWER_CHARS = MAX_SYMBOLIC_CHARS  # longer answers are wrong without furthe
 # --------------------------------------------------------------------------- answer extraction
 
 
+def _read_box(text: str, start: int) -> tuple[str | None, int]:
+    """(content, end) of the ``\\boxed``/``\\fbox`` command at ``start``; content None when its
+    braces never close (end is then ``len(text)``)."""
+    after = start + (6 if text.startswith("\\boxed", start) else 5)
+    rest = text[after:]
+    if not rest.lstrip().startswith("{"):
+        if rest.startswith(" "):  # "\boxed 18$" form: up to the closing dollar
+            content = rest.split("$")[0]
+            return content.strip(), after + len(content) + 1
+        return None, after
+    offset = after + len(rest) - len(rest.lstrip())
+    depth = 0
+    for i in range(offset, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[offset + 1:i], i + 1
+    return None, len(text)
+
+
+def _box_starts(text: str) -> list[int]:
+    return sorted(m.start() for m in re.finditer(r"\\(?:boxed|fbox)", text))
+
+
 def extract_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced.
 
     ``\\boxed 18`` (no braces) yields ``"18"``. Returns None when there is no box or its braces
     never close.
     """
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    rest = text[start + (6 if text.startswith("\\boxed", start) else 5):]
-    if not rest.lstrip().startswith("{"):
-        if rest.startswith(" "):  # "\boxed 18$" form: up to the closing dollar
-            return rest.split("$")[0].strip()
-        return None
-    rest = rest.lstrip()
-    depth = 0
-    for i, ch in enumerate(rest):
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return rest[1:i]
-    return None
+    starts = _box_starts(text)
+    return _read_box(text, starts[-1])[0] if starts else None
+
+
+def distinct_candidates(text: str) -> list[str]:
+    """The different answers a final answer offers, each once, in the order written.
+
+    A text with boxes offers their contents (``\\boxed{18} or \\boxed{20}`` -> ``["18", "20"]``);
+    boxes nested in a box count as that box. Two contents are the same candidate when they are the
+    same number form (``18`` and ``18.0``; :func:`parse_number_form`) or the same text up to
+    spaces. A text without a box is one candidate (itself, stripped); a blank text none. An answer
+    with more than one candidate is wrong: listing guesses must not pay.
+    """
+    starts = _box_starts(text)
+    if not starts:
+        return [text.strip()] if text.strip() else []
+    contents, end = [], 0
+    for start in starts:
+        if start < end:  # inside the previous box
+            continue
+        content, end = _read_box(text, start)
+        if content is not None:
+            contents.append(content)
+    seen, candidates = set(), []
+    for content in contents:
+        number = parse_number_form(content, whole_fractions=True)
+        key = ("number", number) if number is not None else ("text", "".join(content.split()))
+        if key not in seen:
+            seen.add(key)
+            candidates.append(content)
+    return candidates
 
 
 def split_response(response: str) -> tuple[bool, str | None]:
-    """(format valid?, answer text or None). The answer is None when the box is unbalanced."""
+    """(format valid?, answer text or None). The answer is None when the box is unbalanced or the
+    answer offers several different candidates (:func:`distinct_candidates`)."""
     if THINK_ANSWER_SEPARATOR not in response or ANSWER_CLOSE not in response:
         return False, None
     answer = response.split(ANSWER_OPEN)[-1].replace(ANSWER_CLOSE, "")
+    if len(distinct_candidates(answer)) > 1:
+        return True, None
     if "\\boxed" in answer:
         answer = extract_boxed(answer)
     return True, answer
@@ -67,7 +109,7 @@ def extract_answer_text(response: str) -> str | None:
 
     The answer is the text after the last ``<answer>`` with ``</answer>`` removed, reduced to the
     content of its last ``\\boxed{}`` when it has one. None when ``"</think> <answer>"`` or
-    ``"</answer>"`` is missing, or a ``\\boxed{`` never closes.
+    ``"</answer>"`` is missing, a ``\\boxed{`` never closes, or the boxes hold different answers.
     """
     if not isinstance(response, str):
         raise TypeError(f"response must be a str, got {type(response).__name__}")
@@ -85,17 +127,47 @@ _DROPPED = (
     "€", "£", "¥", "₹",
 )
 _DIGITS = r"\d{1,3}(?:,\d{3})+|\d+"  # an integer, optionally grouped in thousands
+# A unit word: letters (and "." "'" "/" "-"), with an optional power ("cm^2", "m^{3}", "m²").
+_UNIT_WORD = r"[a-z][a-z.'/-]*(?:\^\{?[1-3]\}?|[\u00b2\u00b3])?"
 _NUMBER = re.compile(
     r"(?P<sign>[-+]?)\s*"
     rf"(?P<digits>(?:{_DIGITS})(?:\.\d+)?|\.\d+)"
     # A fraction of two integers: "1/2" (also what "\frac{1}{2}" is rewritten to).
-    rf"(?:\s*/\s*(?P<denominator>{_DIGITS}))?\s*"
+    rf"(?:\s*/\s*(?P<denominator>{_DIGITS}))?(?P<gap>\s*)"
     r"(?P<percent>%|percent\b|per\s?cent\b)?\s*"
-    # Trailing unit words ("18 dollars", "5 km/h", "3 sq. ft"): letters only, no digits, so
-    # "18 or 19" is not read as 18.
-    r"(?P<unit>[a-z][a-z .'/-]{0,39})?",
+    # A unit of at most four words ("18 dollars", "5 km/h", "3 sq. ft", "18 cm^2"): letters only,
+    # no digits, so "18 or 19" is not read as 18; _is_unit then refuses words that are no unit.
+    rf"(?P<unit>{_UNIT_WORD}(?:\s+{_UNIT_WORD}){{0,3}})?",
     re.IGNORECASE,
 )
+# Words after a number that negate, hedge or scale it ("18 is not the answer", "18 or more",
+# "18 thousand", "18k", "18 squared"): the number followed by them is not the answer 18.
+_NOT_UNITS = frozenset("""
+    not no never nor isn't isnt wrong incorrect false without except
+    or either maybe perhaps possibly probably likely approximately approx about around roughly
+    nearly almost circa ca some estimated estimate guess so than more less fewer over under above
+    below least most at up to between and plus minus times ish if but is are was were be might
+    could would
+    hundred hundreds thousand thousands million millions billion billions trillion trillions
+    dozen dozens score scores gross k bn mn mil lakh lakhs crore crores half halves quarter
+    quarters squared cubed twice thrice double triple fold
+    zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen
+    sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety
+""".split())
+# Letters written against the number that scale it: "18m", "18B" (million, billion).
+_ATTACHED_SCALES = frozenset({"m", "b"})
+
+
+def _is_unit(unit: str, attached: bool) -> bool:
+    """Whether the words after a number (``unit``, None for none) leave the number as written."""
+    if unit is None:
+        return True
+    words = [w.strip(".'-") for w in re.split(r"[\s/]+", unit.lower())]
+    if attached and words[0] in _ATTACHED_SCALES:
+        return False
+    return not any(w in _NOT_UNITS for w in words)
+
+
 # \frac{1}{2}, \dfrac{-3}{4}, \tfrac12 with integer parts, rewritten as "1/2" before matching.
 _LATEX_FRACTION = re.compile(
     r"\\[dt]?frac\s*(?:\{\s*(?P<num>[-+]?\s*[\d,]+)\s*\}|(?P<num1>\d))"
@@ -128,7 +200,10 @@ def _number_match(text: str) -> re.Match | None:
     label = _LABEL.match(text)
     if label is not None:
         text = text[label.end():]
-    return _NUMBER.fullmatch(text)
+    match = _NUMBER.fullmatch(text)
+    if match is None or not _is_unit(match["unit"], not match["gap"] and not match["percent"]):
+        return None
+    return match
 
 
 def _parse_number(text: str) -> tuple[Decimal, bool] | None:
@@ -189,17 +264,22 @@ def normalize_number(text: str) -> str | None:
     return format(value.normalize(), "f")
 
 
-def _number_values(text: str, whole_fractions: bool = False) -> set[Fraction] | None:
-    """Exact values ``text`` may denote: ``{v}``, plus ``v/100`` when written as a percentage.
+def same_number(answer: tuple[Fraction, bool], gold: tuple[Fraction, bool]) -> bool:
+    """Whether an answer's number form equals a gold's, both as :func:`parse_number_form` gives.
 
-    Both readings of "25%" are accepted because GSM8K stores percentage answers as bare numbers
-    ("25") while other sources store fractions ("0.25").
+    A percentage has one reading, chosen by the gold, never two: GSM8K stores percentage answers
+    as bare numbers ("25"), other sources as proportions ("0.25"). Against a bare gold between -1
+    and 1 (not 0) ``v%`` reads as ``v/100`` (``25%`` is right for 0.25, ``0.25%`` is not);
+    against any other bare gold it reads as ``v`` (``25%`` is right for 25, ``1800%`` is not right
+    for 18). A gold written as a percentage ``g%`` is matched by ``g%``, and by a bare ``g`` or
+    ``g/100``.
     """
-    parsed = parse_number_form(text, whole_fractions)
-    if parsed is None:
-        return None
-    value = parsed[0]
-    return {value, value / 100} if parsed[1] else {value}
+    (mine, mine_percent), (theirs, theirs_percent) = answer, gold
+    if mine_percent == theirs_percent:
+        return mine == theirs
+    if theirs_percent:
+        return mine in (theirs, theirs / 100)
+    return (mine / 100 if 0 < abs(theirs) < 1 else mine) == theirs
 
 
 def ground_truth_texts(ground_truth: GroundTruth) -> list[str]:
@@ -230,16 +310,18 @@ def decide_in_process(answer: str, golds: list[str], fast: bool) -> tuple[bool |
     A gold that is a number is matched only by an answer written as a number: an expression
     (``16+2``) never reaches math_verify, which would evaluate it.
     """
-    mine = _number_values(answer)
+    mine = parse_number_form(answer)
     undecided = []
     for gold in golds:
-        theirs = _number_values(gold, whole_fractions=True)
+        theirs = parse_number_form(gold, whole_fractions=True)
         if theirs is None:
             undecided.append(gold)
-        elif mine is not None and mine & theirs:
+        elif mine is not None and same_number(mine, theirs):
             return True, []
-        elif mine is not None and not fast:
-            undecided.append(gold)  # two numbers: math_verify may still round them equal
+        elif mine is not None and not fast and not (mine[1] or theirs[1]):
+            # Two plain numbers: math_verify may still round them equal. A percentage is read
+            # here only, once (math_verify would also read 1800% as 18).
+            undecided.append(gold)
     if not undecided:
         return False, []
     return None, undecided

@@ -13,15 +13,18 @@ Answer equivalence is decided in two tiers:
    the answer must be written as a number too, and is compared as an exact rational (``Decimal``
    -> ``Fraction``; never floats, so 20-digit integers compare exactly). Number forms
    (:func:`parse_number_form`): integers and decimals with thousands commas (``1,000``,
-   ``1{,}000``, ``1\\,000``), a sign, currency (``$18``, ``\\$18``), trailing unit words
-   (``18 dollars``, ``\\text{18 apples}``), a percent sign (``25%`` is right for 25 or 0.25),
+   ``1{,}000``, ``1\\,000``), a sign, currency (``$18``, ``\\$18``), trailing units
+   (``18 dollars``, ``\\text{18 apples}``, ``18 cm^2``; not words that negate, hedge or scale:
+   ``18 or more``, ``18 thousand``, ``18k``), a percent sign read once, by the gold (``25%`` is
+   right for 25 or 0.25, ``1800%`` is not right for 18; :func:`same_number`),
    ``\\boxed{}``, a short label (``x = 18``), and fractions of two integers (``1/2``,
    ``\\frac{1}{2}``, ``\\dfrac12``). Anything else is wrong without further checks: an answer
    left as arithmetic (``16+2``, ``2 \\times 9``, ``9^2``, ``\\sqrt{324}``) is not credited, and
    neither is a fraction whose value is a whole number (``36/2``, ``\\frac{36}{2}``): that is
    the last division left undone, and the original grader, too, credits an integer ground truth
    only with an answer that reads as an integer. Mixed numbers (``2 1/2``) and scientific
-   notation are not number forms either.
+   notation are not number forms either. An answer that offers several different candidates
+   (``\\boxed{18} or \\boxed{20}``; :func:`distinct_candidates`) is wrong.
 2. **Symbolic, in a worker process.** A ground truth that is not a number (``\\sqrt{2}``,
    ``x+1``) is compared with ``math_verify`` in a long-lived child process
    (:mod:`rlft.reward.worker`). sympy can run for minutes on hostile input and ignores signals
