@@ -12,7 +12,7 @@ else
   gpus=-1
   export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES=""
 fi
-plan=$(python -m rlft.launch_plan --config "$config" --gpus-available "$gpus" "$@") || exit $?
+plan=$(python -m rlft.launch_plan --module "$module" --config "$config" --gpus-available "$gpus" "$@") || exit $?
 eval "$plan"  # world nodes per_node entry ds_args rank_args placement (shell-quoted by launch_plan)
 if [ "$entry" = script ]; then
   entry_args=("$here/rank.py" "$module")

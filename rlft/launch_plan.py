@@ -30,6 +30,7 @@ from pathlib import Path
 
 from rlft.common import free_port
 from rlft.config import ConfigError, RunConfig, TopologyConfig, load_config_or_exit
+from rlft.preflight import preflight
 
 DEFAULT_MULTINODE_PORT = 29500
 # DeepSpeed's MPI launchers start every slot of the hostfile and refuse --num_nodes / --num_gpus.
@@ -193,12 +194,14 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="rlft.launch_plan")
     p.add_argument("--config", required=True)
     p.add_argument("--gpus-available", type=int, default=-1, help="GPUs on this node (-1: CPU run)")
+    p.add_argument("--module", default=None, help="the trainer the plan is for: rlft.train_grpo, rlft.train_sft")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
     cfg = load_config_or_exit(args.config, args.overrides)
     try:
         plan = make_plan(cfg, args.gpus_available)
         check_model_layers(cfg)
+        preflight(cfg, args.module)
     except ConfigError as e:
         print(f"rlft: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

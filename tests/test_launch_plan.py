@@ -233,3 +233,57 @@ def test_launch_plan_command_line_prints_shell_assignments(tmp_path):
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert bad.stderr.strip() == "rlft: config error: topology.nodes: 16 ranks do not split evenly over 3 nodes"
+
+
+# ---------------------------------------------------------------- refused before any rank starts
+
+TINY = CONFIGS / "grpo_cpu_tiny.yaml"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["grpo.group_size=1", "grpo.loss_type=grpo_clip"],
+     "grpo.group_size: 1 with grpo.loss_type grpo_clip: the advantage is the reward minus its group's mean, "
+     "always 0 in a group of one, so no step has a gradient; set grpo.group_size >= 2 (or "
+     "grpo.loss_type=no_baseline)"),
+    (["data.train_size=1"],
+     "data.train_size: 1 training rows, but every step draws optim.rollout_batch_size / grpo.group_size = 2 "
+     "prompts; raise data.train_size or lower optim.rollout_batch_size"),
+    (["model.path={tmp}/no_such_model"],
+     "model.path: {tmp}/no_such_model does not exist (expected an HF model directory, a .gguf file, a hub id "
+     "like 'org/name', or 'smollm2-135m-instruct')"),
+    (["model.path={tmp}"],
+     "model.path: model directory {tmp} is not a complete HF model: missing config.json and weights "
+     "(*.safetensors, pytorch_model*.bin or an index file)"),
+])
+def test_runs_that_cannot_start_or_learn_are_refused_by_the_plan(tmp_path, capsys, overrides, message):
+    from rlft.launch_plan import main
+
+    out = tmp_path / "out"
+    args = ["--module", "rlft.train_grpo", "--config", str(TINY), f"output.dir={out}",
+            "model.path=HuggingFaceTB/SmolLM2-135M-Instruct", "data.source=tests/fixtures/gsm8k"]
+    with pytest.raises(SystemExit) as info:
+        main(args + [o.format(tmp=tmp_path) for o in overrides])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [f"rlft: config error: {message.format(tmp=tmp_path)}"]
+    assert not out.exists()
+
+
+def test_the_plan_accepts_what_can_learn(tmp_path, capsys):
+    from rlft.launch_plan import main
+
+    base = ["--config", str(TINY), f"output.dir={tmp_path}", "model.path=HuggingFaceTB/SmolLM2-135M-Instruct"]
+    main(["--module", "rlft.train_grpo", *base, "grpo.group_size=1", "grpo.loss_type=no_baseline",
+          "optim.rollout_batch_size=2", "data.train_size=2"])
+    main(["--module", "rlft.train_sft", *base, "grpo.group_size=1"])  # SFT samples no groups
+    assert "world=4" in capsys.readouterr().out
+
+
+def test_train_sh_refuses_before_any_rank_starts(tmp_path):
+    out = tmp_path / "out"
+    res = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(TINY), f"output.dir={out}",
+                          "model.path=HuggingFaceTB/SmolLM2-135M-Instruct", "grpo.group_size=1"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2
+    (line,) = res.stderr.splitlines()
+    assert line.startswith("rlft: config error: grpo.group_size: 1 with grpo.loss_type grpo_clip")
+    assert not out.exists()
