@@ -194,6 +194,8 @@ def _check_optim(o: schema.OptimConfig, g: GRPOConfig) -> None:
              f"optim.lr_schedule: must be constant or cosine, got '{o.lr_schedule}'")
     _require(o.warmup_steps >= 0, f"optim.warmup_steps: must be >= 0, got {o.warmup_steps}")
     _require(o.max_nonfinite_steps >= 1, f"optim.max_nonfinite_steps: must be >= 1, got {o.max_nonfinite_steps}")
+    _require(o.divergence_factor == 0 or 1 < o.divergence_factor < float("inf"),
+             f"optim.divergence_factor: must be 0 (off) or a finite number > 1, got {o.divergence_factor}")
     _require(o.train_micro_batch_size >= 1,
              f"optim.train_micro_batch_size: must be >= 1, got {o.train_micro_batch_size}")
     _require(o.micro_batch_tokens >= 0,

@@ -103,3 +103,95 @@ def test_deepspeed_zero_bf16_without_its_overflow_check_keeps_the_weights_finite
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("RESULT")]
     assert results == [["AdamW", "False", "None"], ["GuardedAdamW", "True", "1"]]
+
+
+# --------------------------------------------------------------------------- updates that are not sane
+
+
+def _guarded(lr: float, factor: float = 10.0):
+    from rlft.roles.policy import GuardedAdamW
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    return model, GuardedAdamW(model.parameters(), lr=lr, divergence_factor=factor)
+
+
+def _state(model, opt):
+    weights = [p.detach().clone() for p in model.parameters()]
+    moments = {i: {k: v.clone() for k, v in s.items()} for i, s in enumerate(opt.state.values())}
+    return weights, moments
+
+
+def _same(a, b):
+    (wa, ma), (wb, mb) = a, b
+    return (all(torch.equal(x, y) for x, y in zip(wa, wb)) and ma.keys() == mb.keys()
+            and all(ma[i].keys() == mb[i].keys() and all(torch.equal(ma[i][k], mb[i][k]) for k in ma[i]) for i in ma))
+
+
+def test_a_finite_gradient_that_blows_the_weights_up_is_rolled_back():
+    # A finite gradient at lr 1e30 made the weights ~1e30 (their norm overflows) and was kept
+    # before; at lr 1e15 the norm stays finite and grows 1e15-fold.
+    for lr, why in ((1e30, "the weights were not finite"), (1e15, "the parameter norm grew from")):
+        model, opt = _guarded(lr=lr)
+        _backward(model, poison=False)
+        opt.step()
+        assert opt.rolled_back == 1 and opt.skipped == 0
+        assert opt.last_rollback.startswith(why), opt.last_rollback
+    assert all(p.abs().max() < 10 for p in model.parameters())  # nn.Linear(3, 2)'s starting weights
+    assert opt.state_dict()["state"] == {}  # Adam's moments as before the step (none yet)
+    assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in model.parameters())
+
+
+def test_an_update_far_beyond_its_running_norm_is_rolled_back_with_the_optimizer_state():
+    model, opt = _guarded(lr=1e-3)
+    for _ in range(3):
+        _backward(model, poison=False)
+        opt.step()
+        opt.zero_grad()
+    assert opt.rolled_back == 0 and opt.running_update_norm > 0
+    before = _state(model, opt)
+    for g in opt.param_groups:
+        g["lr"] = 1.0  # 1000x the running update, the weights grow by less than 10x
+    _backward(model, poison=False)
+    opt.step()
+    assert opt.rolled_back == 1 and "update's norm" in opt.last_rollback
+    assert _same(_state(model, opt), before)  # weights, moments and Adam's step count restored
+    for g in opt.param_groups:
+        g["lr"] = 2e-3  # twice the running update is sane
+    _backward(model, poison=False)
+    opt.step()
+    assert opt.rolled_back == 1
+    assert not _same(_state(model, opt), before)
+
+
+def test_divergence_factor_zero_keeps_every_finite_update():
+    model, opt = _guarded(lr=1e30, factor=0)
+    _backward(model, poison=False)
+    opt.step()
+    assert opt.rolled_back == 0
+    assert max(p.abs().max() for p in model.parameters()) > 1e20
+
+
+def _rollback_worker(rank: int, port: int, results):
+    import torch.distributed as dist
+
+    from rlft.roles.policy import GuardedAdamW
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(3, 2)
+    # Only stage 1's learning rate blows up; stage 0's update alone is sane, yet it rolls back too.
+    opt = GuardedAdamW(model.parameters(), lr=1e30 if rank == 1 else 1e-3)
+    before = [p.detach().clone() for p in model.parameters()]
+    _backward(model, poison=False)
+    opt.step()
+    results[rank] = (opt.rolled_back, all(torch.equal(p, b) for p, b in zip(model.parameters(), before)))
+    dist.destroy_process_group()
+
+
+def test_every_policy_rank_rolls_back_together():
+    with mp.Manager() as m:
+        results = m.dict()
+        mp.start_processes(_rollback_worker, args=(free_port(), results), nprocs=2, start_method="spawn", join=True)
+        res = dict(results)
+    assert res == {0: (1, True), 1: (1, True)}

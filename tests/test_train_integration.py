@@ -31,11 +31,17 @@ def read_steps(out: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
+def taught(tmp_path_factory):
+    """(model, data) of the runs here: the tiny model taught the sums, and their questions."""
     from conftest import taught_sums
 
+    return taught_sums(tmp_path_factory.mktemp("taught"), teach_steps=100, test_size=4)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, taught):
     root = tmp_path_factory.mktemp("grpo")
-    model, data = taught_sums(root, teach_steps=100, test_size=4)
+    model, data = taught
     out = root / "run"
     common = (f"model.path={model}", f"data.source={data}", f"output.dir={out}",
               "sampling.repetition_penalty=1.0",  # the taught answer repeats prompt tokens
@@ -409,11 +415,15 @@ def test_a_run_stopped_before_writing_model_exports_on_relaunch(failed_eval_run)
     assert json.loads((out / "eval" / "step_000003" / "summary.json").read_text())["num_examples"] == 4
 
 
-def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_run, tmp_path):
-    # Two ranks (the policy; sampler, reference and evaluator) keep the launch short.
+def test_divergence_is_rolled_back_and_stops_the_run_at_a_checkpoint_from_before(taught, tmp_path):
+    # Two ranks (the policy; sampler, reference and evaluator) keep the launch short. At lr 1e30 a
+    # finite gradient blows the weights up (~1e29): every such update is rolled back, so no
+    # checkpoint and no model/ ever hold diverged weights.
+    model, data = taught
     out = tmp_path / "diverged"
-    res = launch(f"model.path={tiny_run['model']}", f"data.source={tiny_run['data']}", f"output.dir={out}",
-                 *tiny_run["common"][3:], "optim.lr=1e30", "optim.max_nonfinite_steps=2", "schedule.steps=6",
+    res = launch(f"model.path={model}", f"data.source={data}", f"output.dir={out}",
+                 "sampling.repetition_penalty=1.0", "data.prompt_template=r1_short",
+                 "optim.lr=1e30", "optim.max_nonfinite_steps=2", "schedule.steps=6",
                  "schedule.save_every=1", "schedule.evaluate_freq=0", "topology.policy_ranks=[0]",
                  "topology.pipeline_stages=1", "topology.sampler_rank=1", "topology.reference_rank=1",
                  "topology.evaluator_rank=1")
@@ -422,17 +432,26 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_run, t
     def refuse(token):
         raise ValueError(f"steps.jsonl is not standard JSON: {token}")
     steps = [json.loads(line, parse_constant=refuse) for line in (out / "steps.jsonl").read_text().splitlines()]
-    # One step with a gradient at lr 1e30 blows the weights up; every later gradient is infinite.
+    # Steps whose groups all tie have no gradient and change nothing; the others are rolled back.
+    # Two of those with no sound update between them stop the run.
     bad = [s["step"] for s in steps if s["nonfinite"]]
     stop = steps[-1]["step"]
-    assert bad == [stop - 1, stop] and stop < 6, steps
-    assert all(s["grad_norm"] is None and s["skipped_updates"] == 1 for s in steps if s["nonfinite"])
+    assert len(bad) == 2 and bad[-1] == stop < 6, steps
+    assert all(s["grad_norm"] == 0 for s in steps if bad[0] < s["step"] < stop), steps
+    # The gradients stay finite: the weights never took the update.
+    assert all(s["grad_norm"] > 0 and s["rolled_back_updates"] == 1 for s in steps if s["nonfinite"]), steps
     (line,) = [x for x in res.stderr.splitlines() if x.startswith("rlft: training diverged: ")]
-    assert f"stopped at step {stop}, after 2 steps in a row" in line
-    assert f"checkpoints/step_{stop - 2:06d}" in line
-    # No checkpoint of a skipped step, no model/.
-    assert sorted(p.name for p in (out / "checkpoints").iterdir())[-1] == f"step_{stop - 2:06d}"
+    assert f"stopped at step {stop}, after 2 steps from step {bad[0]} on" in line
+    assert f"the newest checkpoint from before them is {out}/checkpoints/step_{bad[0] - 1:06d};" in line
+    assert "the policy's update was rolled back: the " in res.stderr
+    # No checkpoint of a rolled-back step, no model/; every checkpoint holds the starting weights
+    # (each update with a gradient was rolled back, those without one change nothing).
+    kept = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert f"step_{bad[0] - 1:06d}" in kept and f"step_{bad[0]:06d}" not in kept and f"step_{stop:06d}" not in kept
     assert not (out / "model").exists()
+    start = weights_checksum(Path(model))
+    for name in kept:
+        assert weights_checksum(out / "checkpoints" / name / "hf") == start, name
 
 
 def test_resume_with_another_topology_is_explained_and_can_take_the_weights_only(tiny_run, tmp_path):

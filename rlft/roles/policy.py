@@ -12,14 +12,15 @@ import math
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from transformers import AutoConfig
 
+from rlft.common import log
 from rlft.batch import Labels, RolloutBatch, used_width
 from rlft.config import RunConfig
 from rlft.micro_batches import fixed_micro_batches, row_widths, token_budget_micro_batches
 from rlft.objectives import Objective
 from rlft.pipeline import build_policy_pipeline, export_hf_state_dict, load_hf_weights, pipeline_logprobs
+from rlft.roles.update_guard import GuardedAdamW, SkipNonFiniteSteps  # noqa: F401 (importable from here)
 from rlft.topology import RankRoles, check_stages_vs_layers
 
 # DeepSpeed's JSON templates: ds_configs/ at the top of a checkout, beside launch/; an installed
@@ -59,46 +60,6 @@ def lr_lambda(cfg: RunConfig):
     return f
 
 
-class SkipNonFiniteSteps:
-    """Optimizer mixin: `step()` skips the update when a gradient is not finite (NaN or inf); the
-    gradients are zeroed instead and `skipped` counts it.  The check spans every policy rank (a
-    MAX all-reduce over the policy world, whose default group DeepSpeed's pipeline owns), so all
-    stages and replicas skip or step together; DeepSpeed calls the step once per rank and step.
-
-    DeepSpeed's ZeRO optimizer skips such steps itself in fp32 but not in bf16, where NaN would
-    otherwise reach the weights."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.skipped = 0
-
-    def grads_finite(self) -> bool:
-        params = [p for g in self.param_groups for p in g["params"]]
-        grads = [p.grad for p in params if p.grad is not None]
-        device = grads[0].device if grads else params[0].device if params else torch.device("cpu")
-        bad = torch.zeros((), dtype=torch.float32, device=device)
-        if grads:
-            norms = torch.stack([n.float() for n in torch._foreach_norm(grads)])
-            bad = (~torch.isfinite(norms)).any().float()
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        return bad.item() == 0
-
-    def step(self, closure=None):
-        if not self.grads_finite():
-            self.skipped += 1
-            for g in self.param_groups:
-                for p in g["params"]:
-                    if p.grad is not None:
-                        p.grad.zero_()
-            return None
-        return super().step(closure)
-
-
-class GuardedAdamW(SkipNonFiniteSteps, torch.optim.AdamW):
-    """AdamW that skips non-finite updates (`SkipNonFiniteSteps`)."""
-
-
 class PolicyTrainer:
     """One stage of one replica of the policy, optimising `objective` (see `rlft.objectives`).
 
@@ -126,7 +87,8 @@ class PolicyTrainer:
         params = [p for p in module.parameters() if p.requires_grad]
         o = cfg.optim
         optimizer = GuardedAdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-                                      weight_decay=o.weight_decay, fused=device.type == "cuda")
+                                 weight_decay=o.weight_decay, fused=device.type == "cuda",
+                                 divergence_factor=o.divergence_factor)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
         self.optimizer = optimizer
         self.engine, _, _, _ = deepspeed.initialize(
@@ -200,13 +162,16 @@ class PolicyTrainer:
         log-probs when the objective reads them.  Returns the last step's metrics where they are
         reported (`reports_metrics`), {} elsewhere.
 
-        An optimizer step whose gradients are not finite is skipped (by `SkipNonFiniteSteps`, or by
-        DeepSpeed's own overflow check): `skipped_updates` counts them, and `nonfinite` is 1 when
-        the step's loss, gradient norm or any gradient was not finite."""
+        An optimizer step whose gradients are not finite is skipped (by `GuardedAdamW`, or by
+        DeepSpeed's own overflow check), one whose result is not sane is rolled back
+        (`rlft.roles.update_guard`): `skipped_updates` and `rolled_back_updates` count them, and
+        `nonfinite` is 1 when the step's loss or gradient norm was not finite or an update was
+        skipped or rolled back (the step did not change the weights soundly)."""
         part = batch.rows(self.replica_rows())
         if self.objective.needs_old_logprobs:
             part.old_logprobs = self._logprobs(part)  # the last stage's; None on the others
         skipped_before = self.optimizer.skipped + self.engine.skipped_steps
+        rolled_back_before = self.optimizer.rolled_back
         finite = True
         plan = self._plan_micro_batches(part)
         for _ in range(epochs):
@@ -215,8 +180,13 @@ class PolicyTrainer:
         skipped = self.optimizer.skipped + self.engine.skipped_steps - skipped_before
         for name in self.objective.unmeasured(part):
             metrics.pop(name, None)
+        rolled_back = self.optimizer.rolled_back - rolled_back_before
         metrics["skipped_updates"] = float(skipped)
-        metrics["nonfinite"] = float(skipped > 0 or not finite)
+        metrics["rolled_back_updates"] = float(rolled_back)
+        if rolled_back and self.reports_metrics:
+            log.warning("the policy's update was rolled back: %s (optim.divergence_factor=%g)",
+                        self.optimizer.last_rollback, self.cfg.optim.divergence_factor)
+        metrics["nonfinite"] = float(skipped > 0 or rolled_back > 0 or not finite)
         return metrics if self.reports_metrics else {}
 
     def _train(self, part: RolloutBatch, plan: list[torch.Tensor]) -> dict[str, float]:

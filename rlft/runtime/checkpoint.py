@@ -61,6 +61,11 @@ def complete_checkpoints(out_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_STEP_RE.match(p.name).group(1)))
 
 
+def checkpoint_step(ckpt: Path) -> int:
+    """The step a checkpoint directory (``step_000010``) holds."""
+    return int(_STEP_RE.match(Path(ckpt).name).group(1))
+
+
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
     found = complete_checkpoints(out_dir)
     return found[-1] if found else None

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from rlft.common import log
-from rlft.runtime.checkpoint import export_final_model, latest_checkpoint, save_checkpoint
+from rlft.runtime.checkpoint import checkpoint_step, complete_checkpoints, export_final_model, save_checkpoint
 from rlft.runtime.context import RankContext, peak_memory_gb
 from rlft.runtime.reporting import Tracker, format_samples, merge_metrics, progress_line
 
@@ -76,9 +76,10 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
     runs after them, so a failing evaluation cannot cost the trained model.  A run resumed from
     the last step's checkpoint (stopped before OUT/model was written) exports and evaluates it.
 
-    A step whose loss or gradient is not finite skipped its update (`PolicyTrainer.update`) and
-    saves no checkpoint; `optim.max_nonfinite_steps` of them in a row stop the run there: no
-    checkpoint, no OUT/model, exit status 1 (`ctx.exit_code`)."""
+    A step whose loss or gradient is not finite skipped its update, one whose update was not sane
+    rolled it back (`PolicyTrainer.update`): the weights stay those of the step before, and the
+    step saves no periodic checkpoint; `optim.max_nonfinite_steps` of them in a row stop the run
+    there: no checkpoint, no OUT/model, exit status 1 (`ctx.exit_code`)."""
     from tqdm import tqdm
 
     cfg, roles, bridge = ctx.cfg, ctx.roles, ctx.bridge
@@ -89,7 +90,7 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
     bar = tqdm(total=total, initial=start, desc=desc, unit="step", dynamic_ncols=True,
                disable=roles.rank != 0 or not sys.stderr.isatty() and os.environ.get("RLFT_PROGRESS") != "1")
     clock = StepClock(cfg.schedule.time_limit_minutes)
-    nonfinite_run = 0
+    nonfinite_run, first_bad = 0, 0
     bridge.bound_waits()  # start-up is over: a rank silent for topology.collective_timeout_minutes stops the launch
     step = start
     for step in range(start + 1, total + 1):
@@ -99,7 +100,11 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
         t0 = time.perf_counter()
         metrics = step_fn(ctx, step, last)
         flags = step_flags(ctx, metrics)
-        nonfinite_run = nonfinite_run + 1 if flags["nonfinite"] else 0
+        if flags["nonfinite"]:
+            first_bad = step if nonfinite_run == 0 else first_bad
+            nonfinite_run += 1
+        elif not flags["no_gradient"]:  # a step without a gradient changes nothing, sound or not
+            nonfinite_run = 0
         diverged = nonfinite_run >= cfg.optim.max_nonfinite_steps
         if last and not diverged:
             with ctx.timed("save"):
@@ -116,11 +121,11 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
             bar.update(1)
             bar.set_postfix_str(summary)
             if flags["nonfinite"] and not diverged:
-                log.warning("step %d: the loss or a gradient was not finite; its update was skipped (%d in a row; "
-                            "optim.max_nonfinite_steps=%d stops the run)", step, nonfinite_run,
-                            cfg.optim.max_nonfinite_steps)
+                log.warning("step %d: the loss or a gradient was not finite, or the update was not sane; the "
+                            "update was skipped or rolled back (%d in a row; optim.max_nonfinite_steps=%d stops "
+                            "the run)", step, nonfinite_run, cfg.optim.max_nonfinite_steps)
         if diverged:
-            stop_diverged(ctx, step, nonfinite_run)
+            stop_diverged(ctx, step, nonfinite_run, first_bad)
             break
         periodic = flags["epoch_ended"] or (cfg.schedule.save_every and step % cfg.schedule.save_every == 0)
         if not last and periodic and not flags["nonfinite"]:
@@ -136,26 +141,31 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
 
 def step_flags(ctx: RankContext, metrics: dict) -> dict:
     """What every rank must agree on after a step: whether it finished an epoch of prompts (the
-    data rank knows) and whether its loss or gradient was not finite (the policy ranks know)."""
+    data rank knows), whether its loss or gradient was not finite or its update was rolled back,
+    and whether it had no gradient at all (the policy ranks know)."""
     parts = ctx.bridge.gather_objects({"epoch_ended": bool(metrics.get("epoch_ended")),
-                                       "nonfinite": bool(metrics.get("nonfinite"))}, dst=0)
+                                       "nonfinite": bool(metrics.get("nonfinite")),
+                                       "no_gradient": metrics.get("grad_norm") == 0.0}, dst=0)
     flags = None
     if parts is not None:
-        flags = {k: any(p[k] for p in parts) for k in ("epoch_ended", "nonfinite")}
+        flags = {k: any(p[k] for p in parts) for k in ("epoch_ended", "nonfinite", "no_gradient")}
     return ctx.bridge.broadcast_object(flags, src=0)
 
 
-def stop_diverged(ctx: RankContext, step: int, count: int) -> None:
-    """`count` steps in a row up to `step` had a non-finite loss or gradient: end the run here,
-    with exit status 1, keeping the checkpoints saved before them."""
+def stop_diverged(ctx: RankContext, step: int, count: int, first_bad: int) -> None:
+    """`count` steps from `first_bad` to `step` had a non-finite loss or gradient or an update that
+    was rolled back, and none between them a sound update: end the run here, with exit status 1,
+    keeping the checkpoints saved before them."""
     ctx.exit_code = 1
     if ctx.roles.rank == 0:
-        newest = latest_checkpoint(ctx.cfg.output.dir)
-        kept = f"the newest checkpoint, {newest}, is from before them" if newest else "no checkpoint was saved"
-        print(f"rlft: training diverged: stopped at step {step}, after {count} steps in a row whose loss or "
-              f"gradient was not finite (updates skipped; optim.max_nonfinite_steps={ctx.cfg.optim.max_nonfinite_steps}); "
-              f"{kept}; no model/ is written; lower optim.lr or check the rewards and advantages",
-              file=sys.stderr, flush=True)
+        before = [c for c in complete_checkpoints(ctx.cfg.output.dir) if checkpoint_step(c) < first_bad]
+        kept = (f"the newest checkpoint from before them is {before[-1]}" if before
+                else "no checkpoint was saved before them")
+        print(f"rlft: training diverged: stopped at step {step}, after {count} steps from step {first_bad} on whose "
+              f"loss or gradient was not finite or whose update was not sane, with no sound update between them "
+              f"(updates skipped or rolled back; optim.max_nonfinite_steps={ctx.cfg.optim.max_nonfinite_steps}, "
+              f"optim.divergence_factor={ctx.cfg.optim.divergence_factor:g}); {kept}; no model/ is written; "
+              f"lower optim.lr or check the rewards and advantages", file=sys.stderr, flush=True)
 
 
 def finish_exported_run(ctx: RankContext, step: int, final_eval: EvalFn) -> None:
