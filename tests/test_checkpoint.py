@@ -120,3 +120,73 @@ def test_the_layout_of_a_checkpoint_that_does_not_record_it_is_read_from_deepspe
                                             "zero_pp_rank_0_mp_rank_01_optim_states.pt",
                                             "zero_pp_rank_1_mp_rank_01_optim_states.pt"])
     assert checkpoint.saved_layout(ck) == {"pipeline_stages": 2, "replicas": 2}
+
+
+# ------------------------------------------------------------------ what a resumed or fresh run may do
+
+
+def test_a_fresh_run_refuses_a_directory_another_run_used_and_touches_nothing(tmp_path):
+    from rlft.config import ConfigError
+
+    out = tmp_path / "out"
+    ck = write_checkpoint(out, 6, {}, [])
+    (out / "steps.jsonl").write_text('{"step": 6}\n')
+    fresh = build_config({}, [*ALONE, f"output.dir={out}", "output.resume=never"])
+    with pytest.raises(ConfigError) as e:
+        checkpoint.resume_point(fresh)
+    assert str(e.value) == (
+        f"output.resume: never starts a fresh run, but output.dir {out} holds another run's checkpoints/, "
+        f"steps.jsonl, which the new run would prune, resume or mix with its own; choose another output.dir, "
+        f"move those away, or continue that run with output.resume=auto")
+    assert (ck / checkpoint.STATE_FILE).is_file() and (out / "steps.jsonl").read_text() == '{"step": 6}\n'
+    # An unused (or only configured) directory is fine.
+    assert checkpoint.resume_point(build_config({}, [*ALONE, f"output.dir={tmp_path / 'new'}",
+                                                     "output.resume=never"])) == (None, False)
+
+
+def test_resuming_with_settings_the_checkpoint_depends_on_changed_is_refused_with_the_list(tmp_path):
+    from rlft.config import ConfigError
+    from rlft.runtime.resume_rules import run_settings
+
+    out = tmp_path / "out"
+    saved = build_config({}, [*ALONE, f"output.dir={out}", "optim.lr=1e-5"])
+    ck = write_checkpoint(out, 4, {"settings": run_settings(saved)}, [])
+    changed = build_config({}, [*ALONE, f"output.dir={out}", "optim.lr=1e-3", "grpo.group_size=4", "seed=7"])
+    with pytest.raises(ConfigError) as e:
+        checkpoint.resume_point(changed)
+    assert str(e.value) == (
+        f"output.resume: {ck} was trained with other settings, which cannot change when a run resumes: "
+        f"seed 0 -> 7; grpo.group_size 8 -> 4. Launch with the checkpoint's settings, or start afresh in "
+        f"another output.dir")
+    # The learning rate and the schedule's lengths may change: they apply (below).
+    new_lr = build_config({}, [*ALONE, f"output.dir={out}", "optim.lr=1e-3", "schedule.steps=500",
+                               "optim.warmup_steps=10"])
+    assert checkpoint.resume_point(new_lr) == (ck, False)
+
+
+def test_a_resumed_optimizer_takes_the_configs_learning_rate_and_schedule():
+    from rlft.roles.policy import GuardedAdamW, lr_lambda
+    from rlft.runtime.resume_rules import apply_optimizer_settings
+
+    def optimizer(cfg):
+        model = torch.nn.Linear(2, 1)
+        opt = GuardedAdamW(model.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas))
+        return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+
+    old = build_config({}, ["optim.lr=1e-5", "schedule.steps=10", "optim.lr_schedule=cosine"])
+    model, opt, sched = optimizer(old)
+    for _ in range(4):
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        sched.step()
+    new = build_config({}, ["optim.lr=1e-3", "schedule.steps=20", "optim.lr_schedule=cosine", "optim.betas=[0.8,0.9]"])
+    _, opt2, sched2 = optimizer(new)
+    opt2.load_state_dict(opt.state_dict())  # what loading DeepSpeed's checkpoint does
+    sched2.load_state_dict(sched.state_dict())
+    assert opt2.param_groups[0]["lr"] == pytest.approx(1e-5 * lr_lambda(old)(4))  # the checkpoint's, not 1e-3
+    apply_optimizer_settings(opt2, sched2, new, lr_lambda(new))
+    assert opt2.param_groups[0]["lr"] == pytest.approx(1e-3 * lr_lambda(new)(4))
+    assert opt2.param_groups[0]["betas"] == (0.8, 0.9)
+    sched2.step()  # the schedule goes on from the config's rate and length
+    assert opt2.param_groups[0]["lr"] == pytest.approx(1e-3 * lr_lambda(new)(5))
+    assert sched2.get_last_lr() == [opt2.param_groups[0]["lr"]]

@@ -287,3 +287,19 @@ def test_train_sh_refuses_before_any_rank_starts(tmp_path):
     (line,) = res.stderr.splitlines()
     assert line.startswith("rlft: config error: grpo.group_size: 1 with grpo.loss_type grpo_clip")
     assert not out.exists()
+
+
+def test_the_plan_refuses_a_fresh_run_in_a_used_directory(tmp_path, capsys):
+    from rlft.launch_plan import main
+
+    ck = tmp_path / "checkpoints" / "step_000006"
+    ck.mkdir(parents=True)
+    (ck / "trainer_state.json").write_text('{"step": 6}')
+    with pytest.raises(SystemExit) as info:
+        main(["--module", "rlft.train_grpo", "--config", str(TINY), f"output.dir={tmp_path}",
+              "model.path=HuggingFaceTB/SmolLM2-135M-Instruct", "output.resume=never"])
+    assert info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"rlft: config error: output.resume: never starts a fresh run, but output.dir {tmp_path} "
+                           f"holds another run's checkpoints/")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["checkpoints", "step_000006", "trainer_state.json"]

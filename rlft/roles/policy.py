@@ -20,6 +20,7 @@ from rlft.config import RunConfig
 from rlft.micro_batches import fixed_micro_batches, row_widths, token_budget_micro_batches
 from rlft.objectives import Objective
 from rlft.pipeline import build_policy_pipeline, export_hf_state_dict, load_hf_weights, pipeline_logprobs
+from rlft.runtime.resume_rules import apply_optimizer_settings
 from rlft.roles.update_guard import GuardedAdamW, SkipNonFiniteSteps  # noqa: F401 (importable from here)
 from rlft.topology import RankRoles, check_stages_vs_layers
 
@@ -221,4 +222,6 @@ class PolicyTrainer:
                                                       load_lr_scheduler_states=True)
         if client_state is None:
             raise RuntimeError(f"could not load the policy checkpoint in {directory}/deepspeed")
+        # The checkpoint brought back its learning rate and betas: this launch's config decides them.
+        apply_optimizer_settings(self.optimizer, self.engine.lr_scheduler, self.cfg, lr_lambda(self.cfg))
         return client_state

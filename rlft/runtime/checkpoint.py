@@ -28,6 +28,7 @@ import torch
 from rlft.common import log
 from rlft.config import CHECKPOINT_STATE_FILE, ConfigError
 from rlft.models import load_hf_config
+from rlft.runtime.resume_rules import check_fresh_start, check_settings_unchanged, run_settings
 
 if TYPE_CHECKING:
     from rlft.runtime.context import RankContext
@@ -272,7 +273,8 @@ def _save_checkpoint(ctx: RankContext, step: int, *, final: bool) -> None:
         hf_config = ctx.policy.hf_config if ctx.policy is not None else load_hf_config(ctx.model_path)
         write_hf_index(tmp / "hf", names, hf_config, ctx.tokenizer, ctx.policy_dtype)
         write_json_atomic(tmp / STATE_FILE, {"step": step, "prompt_sampler": data_state,
-                                             "total_steps": cfg.schedule.steps, "layout": policy_layout(cfg)})
+                                             "total_steps": cfg.schedule.steps, "layout": policy_layout(cfg),
+                                             "settings": run_settings(cfg)})
         publish(tmp, dst)
         prune(cfg.output.dir, cfg.output.keep_checkpoints)
         if final:
@@ -306,14 +308,18 @@ def resume_point(cfg) -> tuple[Path | None, bool]:
     """The checkpoint `output.resume` names (None: a fresh start) and whether only its policy
     weights are resumed: on request (`output.resume_weights_only`).  A checkpoint written by another
     policy layout, whose DeepSpeed state this launch cannot load, is refused with a ConfigError
-    saying so, unless only its weights are asked for."""
+    saying so, unless only its weights are asked for; so are a checkpoint written with other
+    settings that cannot change on resume, and `never` in a directory another run has used
+    (`rlft.runtime.resume_rules`)."""
     if cfg.output.resume == "never":
+        check_fresh_start(cfg)
         return None, False
     path = latest_checkpoint(cfg.output.dir) if cfg.output.resume == "auto" else Path(cfg.output.resume)
     if path is None:
         return None, False
     if not (path / STATE_FILE).is_file():
         raise ConfigError(f"output.resume: {path} is not a complete rlft checkpoint (no {STATE_FILE})")
+    check_settings_unchanged(read_state(path).get("settings"), cfg, path)
     if cfg.output.resume_weights_only:
         return path, True
     saved, now = saved_layout(path), policy_layout(cfg)

@@ -1,0 +1,80 @@
+"""What a resumed run may change, and which output directories a fresh run may use.
+
+* Settings a checkpoint's state depends on (the data position, the tokenizer, the random streams)
+  cannot change on resume: a checkpoint records them (`run_settings`) and a launch that resumes it
+  with others is refused with the list of what differs (`check_settings_unchanged`).
+* Every other setting applies from the launch's config; the optimizer's hyperparameters, which
+  loading DeepSpeed's state would bring back from the checkpoint, are set again from it
+  (`apply_optimizer_settings`): a resumed run trains at the learning rate its config.yaml records.
+* `output.resume=never` starts afresh: in a directory that already holds another run's
+  checkpoints, steps or model it would prune, resume or mix them, so it is refused
+  (`check_fresh_start`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlft.config import ConfigError
+
+FIXED_ON_RESUME = (
+    "seed", "model.path", "output.init_checkpoint", "data.source", "data.train_split", "data.train_size",
+    "data.shuffle", "data.prompt_template", "grpo.group_size", "optim.rollout_batch_size",
+)
+
+
+def _get(tree: dict, dotted: str):
+    for part in dotted.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def run_settings(cfg) -> dict:
+    """The settings in `FIXED_ON_RESUME`, by dotted key, as a checkpoint records them."""
+    tree = cfg.to_dict()
+    return {key: _get(tree, key) for key in FIXED_ON_RESUME}
+
+
+def check_settings_unchanged(saved: dict | None, cfg, ckpt: Path) -> None:
+    """Refuse to resume `ckpt`, written with `saved` settings (None: not recorded), under others."""
+    if not saved:
+        return
+    now = run_settings(cfg)
+    differ = [f"{k} {saved[k]!r} -> {now[k]!r}" for k in FIXED_ON_RESUME if k in saved and saved[k] != now[k]]
+    if differ:
+        raise ConfigError(
+            f"output.resume: {ckpt} was trained with other settings, which cannot change when a run resumes: "
+            f"{'; '.join(differ)}. Launch with the checkpoint's settings, or start afresh in another output.dir")
+
+
+def used_by_a_run(out_dir: str | Path) -> list[str]:
+    """What in `out_dir` belongs to a run: checkpoints (complete or half-written), steps.jsonl, model/."""
+    out = Path(out_dir)
+    found = []
+    ckpts = out / "checkpoints"
+    if ckpts.is_dir() and any(p.name.startswith(("step_", ".step_")) for p in ckpts.iterdir()):
+        found.append("checkpoints/")
+    found += [name for name in ("steps.jsonl", "model") if (out / name).exists()]
+    return found
+
+
+def check_fresh_start(cfg) -> None:
+    """`output.resume=never` in a directory another run has used is refused, nothing touched."""
+    if cfg.output.resume != "never":
+        return
+    used = used_by_a_run(cfg.output.dir)
+    if used:
+        raise ConfigError(
+            f"output.resume: never starts a fresh run, but output.dir {cfg.output.dir} holds another run's "
+            f"{', '.join(used)}, which the new run would prune, resume or mix with its own; choose another "
+            f"output.dir, move those away, or continue that run with output.resume=auto")
+
+
+def apply_optimizer_settings(optimizer, scheduler, cfg, lr_factor) -> None:
+    """After loading a checkpoint's optimizer and scheduler state: the config's learning rate (times
+    `lr_factor(step)` of the schedule, which the config's lengths shape), betas, eps and weight decay."""
+    o = cfg.optim
+    scheduler.base_lrs = [o.lr for _ in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group.update(initial_lr=o.lr, lr=o.lr * lr_factor(scheduler.last_epoch), betas=tuple(o.betas), eps=o.eps,
+                     weight_decay=o.weight_decay)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
