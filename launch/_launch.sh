@@ -24,6 +24,9 @@ if [ "$gpus" -lt 0 ]; then
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / per_node > 0 ? $(nproc) / per_node : 1 ))}"
 fi
 export TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+# The ranks on this host watch this script: killed by any signal, SIGKILL included (which no trap
+# sees), it takes the launch with it (rlft/runtime/watchdog.py).
+export RLFT_LAUNCH_SCRIPT="$(hostname):$$"
 echo "[rlft] $module: $world rank(s) on $nodes node(s), config $config $*" >&2
 [ "$nodes" -gt 1 ] && sed 's/^/[rlft] /' <<< "$placement" >&2
 

@@ -254,3 +254,35 @@ def test_a_peer_that_was_killed_or_stopped_is_named():
     finally:
         peer.kill()
         peer.wait()
+
+
+def test_a_rank_stops_when_its_launch_script_is_killed():
+    # launch/_launch.sh names itself in RLFT_LAUNCH_SCRIPT; SIGKILL to it (`timeout -s KILL`,
+    # `kill -9`), which no trap sees, must still end the ranks, or they train on orphaned.
+    import socket
+
+    from rlft.runtime.watchdog import LAUNCH_SCRIPT_ENV, launch_script
+
+    script = subprocess.Popen(["sleep", "600"])
+    env = dict(os.environ, **{LAUNCH_SCRIPT_ENV: f"{socket.gethostname()}:{script.pid}"})
+    rank = subprocess.Popen(["python", "-c", BLOCKED_RANK], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert rank.stdout.readline().strip() == "ready"
+        time.sleep(1.5)
+        assert rank.poll() is None  # the script runs: so does the rank
+        script.kill()
+        script.wait()
+        t0 = time.time()
+        assert rank.wait(timeout=30) == 1
+        print(f"\nthe rank stopped {time.time() - t0:.1f} s after its launch script was killed")
+        assert rank.stdout.read().strip() == (f"stopping: its launcher is gone: the launch script (pid {script.pid}) "
+                                              f"ended, so nothing else would stop this rank")
+    finally:
+        rank.kill()
+        script.kill()
+    # Another host's launch script (srun passes the environment on) is not this rank's to watch.
+    os.environ[LAUNCH_SCRIPT_ENV] = f"not-{socket.gethostname()}:{os.getpid()}"
+    try:
+        assert launch_script() == []
+    finally:
+        del os.environ[LAUNCH_SCRIPT_ENV]

@@ -3,9 +3,10 @@
 One daemon thread per rank (`Watchdog`) stops the rank, through the `stop(reason, exit_code)` it is
 given, when
 
-* the launcher is gone: a rank started by DeepSpeed's per-node launcher watches that launcher and
-  the `deepspeed` command above it; when either ends (even by SIGKILL), nothing is left to stop the
-  ranks, so they stop themselves;
+* the launcher is gone: a rank started by DeepSpeed's per-node launcher watches that launcher, the
+  `deepspeed` command above it and the launch script on this host above that (`launch/train.sh`);
+  when one ends (even by SIGKILL), nothing is left to stop the ranks, so they stop themselves, and
+  the launchers above them end with them;
 * a signal arrives (SIGTERM, SIGINT, SIGHUP unless ignored): handled by this thread through a
   wakeup pipe, so a main thread blocked in a collective does not delay it;
 * a peer goes silent: every rank bumps a heartbeat counter in the bridge's store; a peer whose
@@ -30,23 +31,40 @@ from rlft.runtime.bridge import FAILURE_KEY, Bridge, beat_key, said_key
 POLL_S = 1.0  # how often the launcher is checked
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _LAUNCH_MODULE = "deepspeed.launcher.launch"  # DeepSpeed's per-node launcher, every rank's parent
+LAUNCH_SCRIPT_ENV = "RLFT_LAUNCH_SCRIPT"  # "HOST:PID" of the launch script, set by launch/_launch.sh
+
+
+def launch_script() -> list[tuple[int, float, str]]:
+    """The launch script (`launch/train.sh`, `launch/sft.sh`) that started this rank on this host,
+    from `LAUNCH_SCRIPT_ENV` ("HOST:PID", set by launch/_launch.sh): when it ends, even by SIGKILL,
+    which no trap sees, the launch ends with it.  [] when not set or set on another host."""
+    import psutil
+
+    host, _, pid = os.environ.get(LAUNCH_SCRIPT_ENV, "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return []
+    try:
+        return [(int(pid), psutil.Process(int(pid)).create_time(), f"the launch script (pid {pid})")]
+    except psutil.Error:  # already gone: started with a pid that has ended
+        return [(int(pid), 0.0, f"the launch script (pid {pid})")]
 
 
 def launcher_processes() -> list[tuple[int, float, str]]:
     """(pid, start time, what) of the processes whose end must end this rank: DeepSpeed's per-node
-    launcher (the parent) and the `deepspeed` command that started it.  None for a rank started
-    some other way (by hand, a test), whose parent may legitimately go away (nohup)."""
+    launcher (the parent), the `deepspeed` command that started it, and the launch script above
+    that (`launch_script`).  None for a rank started some other way (by hand, a test), whose parent
+    may legitimately go away (nohup)."""
     import psutil
 
     try:
         parent = psutil.Process().parent()
         if parent is None or _LAUNCH_MODULE not in " ".join(parent.cmdline()):
-            return []
+            return launch_script()
         found = [(parent.pid, parent.create_time(), f"DeepSpeed's launcher (pid {parent.pid})")]
         runner = parent.parent()
         if runner is not None and runner.pid > 1:
             found.append((runner.pid, runner.create_time(), f"the launching command (pid {runner.pid})"))
-        return found
+        return found + launch_script()
     except psutil.Error:
         return []
 
