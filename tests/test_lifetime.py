@@ -286,3 +286,56 @@ def test_a_rank_stops_when_its_launch_script_is_killed():
         assert launch_script() == []
     finally:
         del os.environ[LAUNCH_SCRIPT_ENV]
+
+
+BRIDGED_RANK = """
+import datetime, os, sys, time
+import torch.distributed as dist
+from rlft.common import free_port
+from rlft.runtime.bridge import Bridge
+from rlft.runtime.watchdog import Watchdog
+
+def stop(reason, code):
+    print("stopping:", reason, flush=True)
+    os._exit(code)
+
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+watchdog = Watchdog(stop)
+bridge = Bridge(rank, 2, master_addr="127.0.0.1", master_port=port, timeout_s=60, collective_timeout_s=6)
+bridge.bound_waits()
+watchdog.watch_peers(bridge, lambda r: f"rank {r}")
+print("ready", flush=True)
+if rank == 0:
+    time.sleep(3600)
+store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
+store.wait(["never"], datetime.timedelta(hours=1))  # the main thread blocked in C++, like a collective
+"""
+
+
+def test_a_stopped_rank_0_is_named_within_the_timeout():
+    # Rank 0 hosts the store the heartbeats go through; stopped (SIGSTOP), it keeps its sockets
+    # open and answers nothing: a heartbeat's store call then waits in recv() for ever, and the
+    # silence check behind it must still run.
+    from rlft.common import free_port
+
+    port = free_port()
+    ranks = [subprocess.Popen(["python", "-c", BRIDGED_RANK, str(r), str(port)], stdout=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    try:
+        assert [p.stdout.readline().strip() for p in ranks] == ["ready", "ready"]
+        time.sleep(4)  # a few heartbeats while both run
+        assert ranks[1].poll() is None
+        ranks[0].send_signal(signal.SIGSTOP)
+        t0 = time.time()
+        assert ranks[1].wait(timeout=60) == 1
+        took = time.time() - t0
+        print(f"\nrank 1 stopped {took:.1f} s after rank 0 was stopped (bound: 6 s)")
+        line = ranks[1].stdout.read().strip()
+        assert line.startswith(f"stopping: rank 0 is not answering: its process (pid {ranks[0].pid}) is stopped, "
+                               f"silent for "), line
+        assert line.endswith("(the bound is topology.collective_timeout_minutes)"), line
+        assert 6 <= took < 20
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()

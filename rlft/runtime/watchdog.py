@@ -93,7 +93,10 @@ class Heartbeats:
     """This rank's heartbeat in the bridge's store, and when each peer's last moved (local clock).
 
     Uses its own connection to the store, with a short timeout, so it never queues behind (or
-    blocks) the main thread's store operations."""
+    blocks) the main thread's store operations.  That timeout does not bound every call: with the
+    store's process stopped (SIGSTOP), `add` waits in `recv` for ever.  So the watchdog beats
+    through `beat_bounded` (in a thread of its own, waited for a bounded while), and the other
+    calls give up when the connection is busy or the store has not answered lately."""
 
     def __init__(self, bridge: Bridge):
         import torch.distributed as dist
@@ -109,11 +112,39 @@ class Heartbeats:
         self.store_ok = now  # the last time the store answered
         self._failure: str | None = None  # a failure some rank recorded, kept in case the store goes
         self._lock = threading.Lock()  # the watchdog beats, the main thread may ask for the failure
+        self._beating: threading.Thread | None = None  # a beat under way (perhaps stuck in the store)
+
+    def _store(self):
+        """Hold the store connection while the store answers: raises TimeoutError when it has not
+        answered for two beats or the connection is busy (with a call that may never return)."""
+        if time.monotonic() - self.store_ok > 2 * self.interval + 5:
+            raise TimeoutError("the store has not answered lately")
+        if not self._lock.acquire(timeout=self.interval):
+            raise TimeoutError("the store connection is busy")
+        return _Held(self._lock)
+
+    def beat_bounded(self) -> None:
+        """`beat` in a thread of its own, waited for at most one interval; while a beat has not
+        returned (the store's process stopped), no other starts and the peers' counters stand
+        still, so rank 0's silence grows."""
+        if self._beating is not None and self._beating.is_alive():
+            return
+
+        def run():
+            try:
+                self.beat()
+            except Exception:  # noqa: BLE001 - the store (rank 0's) did not answer in time, or is gone
+                pass
+        self._beating = threading.Thread(target=run, name="rlft-heartbeat", daemon=True)
+        self._beating.start()
+        self._beating.join(self.interval)
 
     def beat(self) -> None:
         """Bump this rank's counter and read everyone's; raises when the store does not answer."""
         keys = [beat_key(r) for r in range(self.bridge.world_size)]
-        with self._lock:
+        if not self._lock.acquire(timeout=self.interval):
+            raise TimeoutError("the store connection is busy")
+        with _Held(self._lock):
             self.store.add(keys[self.bridge.rank], 1)
             counts = [int(v) for v in self.store.multi_get(keys)]
         self.failure()
@@ -127,7 +158,7 @@ class Heartbeats:
         """The failure a rank recorded in the store (the last one seen, once the store is gone)."""
         if self._failure is None:
             try:
-                with self._lock:
+                with self._store():
                     if self.store.check([FAILURE_KEY]):
                         self._failure = self.store.get(FAILURE_KEY).decode() or None
             except Exception:  # noqa: BLE001 - the store's host is gone or silent
@@ -138,7 +169,7 @@ class Heartbeats:
         """The line `rank` printed when it stopped or failed: "" when it left none, None when the
         store cannot tell (its host, rank 0, is gone too)."""
         try:
-            with self._lock:
+            with self._store():
                 return self.store.get(said_key(rank)).decode() if self.store.check([said_key(rank)]) else ""
         except Exception:  # noqa: BLE001
             return None
@@ -146,7 +177,7 @@ class Heartbeats:
     def record(self, line: str) -> None:
         """Leave this rank's last line where the others can read it (bounded by the short timeout)."""
         try:
-            with self._lock:
+            with self._store():
                 self.store.set(said_key(self.bridge.rank), line)
         except Exception:  # noqa: BLE001 - the store is gone or silent: the line is on stderr anyway
             pass
@@ -157,6 +188,19 @@ class Heartbeats:
         if rank == 0:
             return time.monotonic() - self.moved[0]
         return max(0.0, self.store_ok - self.moved[rank])
+
+
+class _Held:
+    """Releases an already acquired lock on leaving a `with` block."""
+
+    def __init__(self, lock: threading.Lock):
+        self.lock = lock
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.lock.release()
 
 
 def cite(line: str) -> str:
@@ -277,7 +321,7 @@ class Watchdog:
         try:
             if self.beats is None:
                 self.beats = Heartbeats(bridge)
-            self.beats.beat()
+            self.beats.beat_bounded()
         except Exception:  # noqa: BLE001 - the store (rank 0's) did not answer in time, or is gone
             pass
         if self.beats is None:
