@@ -3,6 +3,7 @@ the commands DeepSpeed's own runner builds from it."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -303,3 +304,10 @@ def test_the_plan_refuses_a_fresh_run_in_a_used_directory(tmp_path, capsys):
     assert line.startswith(f"rlft: config error: output.resume: never starts a fresh run, but output.dir {tmp_path} "
                            f"holds another run's checkpoints/")
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["checkpoints", "step_000006", "trainer_state.json"]
+
+
+def test_the_eval_scripts_examples_name_where_a_run_writes_its_model():
+    # A run writes its final model to runs/NAME/model (README, "What a run writes").
+    header = [line for line in (REPO / "launch" / "eval.sh").read_text().splitlines() if line.startswith("#")]
+    paths = [word for line in header for word in line.split() if word.startswith("runs/")]
+    assert paths and all(re.fullmatch(r"runs/[\w.-]+/model", p) for p in paths), paths
