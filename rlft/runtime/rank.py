@@ -173,15 +173,18 @@ def stop(what: str, code: int, *, trace: bool = False) -> NoReturn:
     if _life.watchdog is not None:
         _life.watchdog.record(line)  # for the ranks that lose contact with this one
     _remove_partial_writes()
+    if code == 2 and _life.lock is not None:  # a config error: refused before anything was written
+        _life.lock.release()
     _leave(code, _life.ctx, graceful=False)
 
 
 def exit_rank(code: int, ctx: RankContext | None, *, graceful: bool = True) -> NoReturn:
     """Leave: stop this rank's helpers (engine processes, grading workers), release the output
-    directory after a successful run, and exit without interpreter teardown, which DeepSpeed's
-    groups and engine threads can hang."""
+    directory (the run ended cleanly, whatever its status: nothing is half-written for a later
+    launch to take over), and exit without interpreter teardown, which DeepSpeed's groups and
+    engine threads can hang."""
     _take_the_exit()
-    if code == 0 and _life.lock is not None:
+    if _life.lock is not None:
         _life.lock.release()
     _leave(code, ctx, graceful=graceful)
 
