@@ -356,3 +356,18 @@ def test_a_launch_refused_by_its_ranks_leaves_no_lock_to_take_over(setup):
     lock = OutputDirLock(out)
     assert lock.acquire() is None  # nothing to take over
     lock.release()
+
+
+def test_the_last_steps_record_survives_a_failed_final_export(setup):
+    # OUT/model is in the way (a file): the final export fails after the last step trained. Its
+    # reward and loss were recorded only after the export, so they were lost with it.
+    out = setup["root"] / "run_export"
+    out.mkdir()
+    (out / "model").write_text("in the way")
+    res = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(CONFIG), *setup["common"], *ALONE,
+                          f"output.dir={out}", "schedule.steps=1"], cwd=REPO, capture_output=True, text=True,
+                         timeout=600, env=dict(os.environ, RLFT_PROGRESS="0"))
+    assert res.returncode == 1, res.stderr[-4000:]
+    assert "could not save checkpoint" in res.stderr, res.stderr[-4000:]
+    (record,) = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert record["step"] == 1 and isinstance(record["loss"], float) and 0 <= record["reward/mean"] <= 1, record

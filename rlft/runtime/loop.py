@@ -107,6 +107,12 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
             nonfinite_run = 0
         diverged = nonfinite_run >= cfg.optim.max_nonfinite_steps
         if last and not diverged:
+            # The step's own numbers go on record before the save and export: a launch cut short
+            # there keeps them (the final evaluation's are merged into the same line later).
+            early = bridge.gather_objects(metrics, dst=0)
+            if roles.rank == 0 and ctx.tracker is not None:
+                early = early + ([extra_metrics(early)] if extra_metrics else [])
+                ctx.tracker.record(step, merge_metrics(early)[0])
             with ctx.timed("save"):
                 save_checkpoint(ctx, step, final=True)
             metrics.update(final_eval(ctx, step))
