@@ -64,7 +64,7 @@ def launcher_processes() -> list[tuple[int, float, str]]:
         runner = parent.parent()
         if runner is not None and runner.pid > 1:
             found.append((runner.pid, runner.create_time(), f"the launching command (pid {runner.pid})"))
-        return found + launch_script()
+        return launch_script() + found  # the `deepspeed` command last: the lock names it
     except psutil.Error:
         return []
 
