@@ -181,9 +181,9 @@ class OptimConfig:
     # A step whose loss or gradient is not finite skips its update; this many in a row stop the run
     # (exit status 1, no checkpoint of those steps, no model/ export).
     max_nonfinite_steps: int = 3
-    # An update that leaves a weight non-finite, grows the parameter norm by more than this factor,
-    # or whose norm is more than this factor times its running value is rolled back and counts as
-    # such a step (0 = no rollback: it keeps a copy of the weights and optimizer state per step).
+    # An update that leaves a weight non-finite or grows the parameter norm by more than this factor
+    # in one step is rolled back and counts as such a step (0 = no rollback; the rollback keeps a
+    # copy of the weights and optimizer state during each step).
     divergence_factor: float = 10.0
 
 
