@@ -33,6 +33,7 @@ CASES = [
     ("boxed", "It is either \\boxed{18} or \\boxed{20}.", "18", WRONG),  # candidates listed: no answer
     ("boxed", "It is either \\boxed{18} or \\boxed{20}.", "20", WRONG),
     ("boxed", "\\boxed{18} \\boxed{ 18 }", "18", RIGHT),  # the same answer twice
+    ("boxed", "So \\boxed{18}, i.e. \\boxed{18.0}", "18", RIGHT),  # the same number twice
     ("boxed", "The answer is 18.", "18", NO_FORMAT),
     ("boxed", "The answer is \\boxed{18", "18", NO_FORMAT),  # the box never closes
     ("boxed", "</think> <answer> 18 </answer>", "18", NO_FORMAT),
