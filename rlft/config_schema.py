@@ -20,6 +20,31 @@ class ConfigError(ValueError):
 CHECKPOINT_STATE_FILE = "trainer_state.json"
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoRAConfig:
+    # LoRA adapters (peft) on the decoder layers' linear projections: only they are trained; the
+    # reference is the base model (adapters off); the sampler gets the merged weights.
+    enabled: bool = False
+    rank: int = 16
+    alpha: float = 32.0  # scaling = alpha / rank
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # names inside a decoder layer
+
+    def __post_init__(self):
+        if self.rank < 1:
+            raise ConfigError(f"model.lora.rank: must be >= 1, got {self.rank}")
+        if self.alpha <= 0:
+            raise ConfigError(f"model.lora.alpha: must be > 0, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.lora.dropout: must be in [0, 1), got {self.dropout}")
+        if not self.target_modules or any(not isinstance(t, str) or not t for t in self.target_modules):
+            raise ConfigError(f"model.lora.target_modules: must be a non-empty list of module names "
+                              f"(e.g. {', '.join(LORA_TARGETS)}), got {self.target_modules!r}")
+
+
 @dataclass
 class ModelConfig:
     path: str = "smollm2-135m-instruct"  # HF hub id, local HF directory, .gguf file, or the offline default
@@ -27,6 +52,7 @@ class ModelConfig:
     attn_implementation: str = "sdpa"  # sdpa | eager
     activation_checkpointing: bool = False
     padding_side: str = "right"  # how rollout batches are padded for the policy: right | left
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
 
 
 @dataclass

@@ -7,13 +7,18 @@ the dumps with the plain HF model. ``spec.json``::
     {"data": "batches.pt", "out": "out_dir",
      "cases": [{"name": ..., "model_dir": ..., "attn_implementation": "eager" | "sdpa",
                 "micro_batch_size": 2, "gradient_accumulation_steps": 2,
-                "activation_checkpoint_interval": 0, "load_from": "dir" | "state_dict"}, ...]}
+                "activation_checkpoint_interval": 0, "load_from": "dir" | "state_dict",
+                "lora": {"settings": {rank, alpha, dropout, target_modules}, "seed": 0,
+                         "adapter_dir": peft adapter directory}  (optional)}, ...]}
 
 ``batches.pt`` holds ``{"eval_before": batch, "train": batch, "eval_after": batch}`` (dicts of
 ``input_ids``, ``attention_mask``, and for train ``response_mask [B,T-1]``). For each case every
 rank writes ``out/<case>/stage<k>.pt`` with the log-probs/entropy of both eval batches (last stage),
 the training loss and metrics, the gradients under HF names just before the optimizer step (lr 0),
-and the stage's :func:`export_hf_state_dict` after the step.
+and the stage's :func:`export_hf_state_dict` after the step. With ``lora`` also the adapters as
+initialised and their gradients (peft names), the merged export of the adapted weights only, the
+frozen parameters that got a gradient (none expected), and ``eval_after`` again with the adapters
+off (``eval_base``) and back on (``eval_again``).
 """
 
 import argparse
@@ -64,22 +69,39 @@ def run_case(case, data, out_dir):
         load_hf_weights(module, load_file(os.path.join(case["model_dir"], "model.safetensors")))
     else:
         load_hf_weights(module, case["model_dir"])  # lazily, from the directory's safetensors
+    lora = case.get("lora")
+    if lora is not None:  # peft's adapters on the decoder layers; the test's adapter weights loaded in
+        from types import SimpleNamespace
+
+        from rlft.pipeline.lora import adapter_state_dict, add_lora, load_adapter_weights
+
+        add_lora(module, SimpleNamespace(**lora["settings"]), seed=lora["seed"])
+        initial_adapter = {k: v.clone() for k, v in adapter_state_dict(module).items()}
+        initial_export = {k: v.clone() for k, v in export_hf_state_dict(module).items()}
+        load_adapter_weights(module, lora["adapter_dir"])
     mbs, gas = case["micro_batch_size"], case["gradient_accumulation_steps"]
     ds_config = {"train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": gas,
                  "gradient_clipping": 0.0, "zero_optimization": {"stage": 0}, "steps_per_print": 10**9}
     # lr 0 keeps the weights, so the eval after the step must still match the HF model.
-    optimizer = torch.optim.SGD(module.parameters(), lr=0.0)
+    optimizer = torch.optim.SGD([p for p in module.parameters() if p.requires_grad], lr=0.0)
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=ds_config)
 
-    grads, replica_grads = {}, {}
+    grads, replica_grads, adapter_grads, frozen_with_grad = {}, {}, {}, []
     take_step = engine._take_model_step
 
     def capture_grads_then_step(*args, **kwargs):
         # Runs after the tied-weight and data-parallel gradient all-reduces, before the update.
         own = dict(hf_named_parameters(module))
         for name, p in hf_named_parameters(module, include_tied_replicas=True):
+            if p.grad is None and not p.requires_grad:  # frozen under LoRA: the test checks it got none
+                continue
             target = grads if own.get(name) is p else replica_grads
             target[name] = p.grad.detach().clone()
+        if lora is not None:
+            from rlft.pipeline.lora import adapter_named_parameters
+
+            adapter_grads.update((name, p.grad.detach().clone()) for name, p in adapter_named_parameters(module))
+            frozen_with_grad.extend(n for n, p in module.named_parameters() if not p.requires_grad and p.grad is not None)
         return take_step(*args, **kwargs)
 
     engine._take_model_step = capture_grads_then_step
@@ -92,6 +114,15 @@ def run_case(case, data, out_dir):
     result["eval_after"] = pipeline_logprobs(engine, data["eval_after"], mbs, with_entropy=True)
     result["grads"], result["replica_grads"] = grads, replica_grads
     result["export"] = {k: v.clone() for k, v in export_hf_state_dict(module).items()}
+    if lora is not None:
+        from rlft.pipeline.lora import adapters_disabled, merged_hf_state_dict
+
+        result["initial_adapter"], result["initial_export"] = initial_adapter, initial_export
+        result["adapter_grads"], result["frozen_with_grad"] = adapter_grads, frozen_with_grad
+        result["adapted_export"] = {k: v.clone() for k, v in merged_hf_state_dict(module, only_adapted=True).items()}
+        with adapters_disabled(module):
+            result["eval_base"] = pipeline_logprobs(engine, data["eval_after"], mbs, with_entropy=True)
+        result["eval_again"] = pipeline_logprobs(engine, data["eval_after"], mbs, with_entropy=True)
     os.makedirs(os.path.join(out_dir, case["name"]), exist_ok=True)
     torch.save(result, os.path.join(out_dir, case["name"], f"stage{engine.stage_id}.pt"))
     dist.barrier()

@@ -123,6 +123,11 @@ def export_hf_state_dict(module: PolicyPipeline) -> dict[str, torch.Tensor]:
 
     A tied embedding is exported once, by the first stage, as ``model.embed_tokens.weight``;
     ``lm_head.weight`` appears (on the last stage) only when untied. The stages' dicts are disjoint
-    and their union is the model's HF state dict.
+    and their union is the model's HF state dict. With LoRA adapters (:mod:`rlft.pipeline.lora`) the
+    weights they adapt are given merged.
     """
+    from rlft.pipeline.lora import has_lora, merged_hf_state_dict
+
+    if has_lora(module):
+        return merged_hf_state_dict(module)
     return {name: param.detach() for name, param in hf_named_parameters(module)}
