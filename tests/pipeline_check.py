@@ -73,11 +73,11 @@ def run_case(case, data, out_dir):
     if lora is not None:  # peft's adapters on the decoder layers; the test's adapter weights loaded in
         from types import SimpleNamespace
 
-        from rlft.pipeline.lora import adapter_state_dict, add_lora, load_adapter_weights
+        from rlft.pipeline.lora import adapter_state_dict, add_lora, load_adapter_weights, merged_hf_state_dict
 
         add_lora(module, SimpleNamespace(**lora["settings"]), seed=lora["seed"])
         initial_adapter = {k: v.clone() for k, v in adapter_state_dict(module).items()}
-        initial_export = {k: v.clone() for k, v in export_hf_state_dict(module).items()}
+        initial_export = {k: v.clone() for k, v in merged_hf_state_dict(module).items()}
         load_adapter_weights(module, lora["adapter_dir"])
     mbs, gas = case["micro_batch_size"], case["gradient_accumulation_steps"]
     ds_config = {"train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": gas,
@@ -113,9 +113,10 @@ def run_case(case, data, out_dir):
     result["metrics"] = {k: v.detach().clone() for k, v in engine.get_additional_losses().items()}
     result["eval_after"] = pipeline_logprobs(engine, data["eval_after"], mbs, with_entropy=True)
     result["grads"], result["replica_grads"] = grads, replica_grads
-    result["export"] = {k: v.clone() for k, v in export_hf_state_dict(module).items()}
+    export = merged_hf_state_dict(module) if lora is not None else export_hf_state_dict(module)
+    result["export"] = {k: v.clone() for k, v in export.items()}
     if lora is not None:
-        from rlft.pipeline.lora import adapters_disabled, merged_hf_state_dict
+        from rlft.pipeline.lora import adapters_disabled
 
         result["initial_adapter"], result["initial_export"] = initial_adapter, initial_export
         result["adapter_grads"], result["frozen_with_grad"] = adapter_grads, frozen_with_grad

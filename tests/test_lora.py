@@ -1,7 +1,7 @@
 """LoRA policies (rlft.pipeline.lora): peft's adapters inside the pipeline stages.
 
 The pipeline runs under the real ``deepspeed`` launcher (CPU, gloo; tests/pipeline_check.py) with
-2 and 3 stages; its log-probs, adapter gradients, merged export and base-model (adapters off)
+1, 2 and 3 stages; its log-probs, adapter gradients, merged export and base-model (adapters off)
 log-probs are compared with the same peft model outside the pipeline (fp32, <= 1e-5).
 """
 
@@ -29,7 +29,11 @@ CASES = {  # name -> (config factory, attention, settings)
     "qwen2_untied_qv": (tiny_qwen2, "eager", {"rank": 2, "alpha": 6.0, "dropout": 0.0,
                                              "target_modules": ["q_proj", "v_proj"]}),
 }
-LAUNCHES = {2: ["llama_tied_all", "qwen2_untied_qv"], 3: ["llama_tied_all"]}
+# activation checkpointing: the frozen embedding's output carries no gradient into the first layer
+CASES["llama_tied_all_ckpt"] = CASES["llama_tied_all"]
+CHECKPOINTED = {"llama_tied_all_ckpt"}
+LAUNCHES = {1: ["qwen2_untied_qv"], 2: ["llama_tied_all", "qwen2_untied_qv", "llama_tied_all_ckpt"],
+            3: ["llama_tied_all"]}
 LAUNCHED = [(n, name) for n, names in LAUNCHES.items() for name in names]
 SEED = 7
 
@@ -76,7 +80,7 @@ def launches(models, tmp_path_factory):
     for num_stages, names in LAUNCHES.items():
         cases = [{"name": name, "model_dir": str(models[name][0]), "load_from": "dir",
                   "attn_implementation": CASES[name][1], "micro_batch_size": MICRO_BATCH,
-                  "gradient_accumulation_steps": GAS, "activation_checkpoint_interval": 0,
+                  "gradient_accumulation_steps": GAS, "activation_checkpoint_interval": int(name in CHECKPOINTED),
                   "lora": {"settings": CASES[name][2], "seed": SEED, "adapter_dir": str(models[name][3])}}
                  for name in names]
         spec, out = root / f"spec{num_stages}.json", root / f"out{num_stages}"

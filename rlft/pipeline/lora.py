@@ -30,7 +30,8 @@ import torch
 import torch.nn as nn
 
 from rlft.pipeline.module import PolicyPipeline
-from rlft.pipeline.stages import DecoderLayerPipe
+from rlft.pipeline.stages import DecoderLayerPipe, EmbeddingPipe
+from rlft.pipeline.weights import _stage_layers
 
 ADAPTER = "default"  # peft's adapter name; the one adapter of the policy
 PEFT_PREFIX = "base_model.model."  # what peft puts before an HF name in a saved adapter
@@ -82,10 +83,21 @@ def add_lora(module: PolicyPipeline, settings, *, seed: int) -> None:
                                  f"layer in decoder layer {layer.layer_idx} ({e})") from None
         if hasattr(layer.layer, "peft_config"):  # peft leaves its config on the module; not a weight
             del layer.layer.peft_config
+    for embedding in [m for m in module.modules() if isinstance(m, EmbeddingPipe)]:
+        embedding.register_forward_hook(_hidden_requires_grad)
     module.lora_config = config
     trainable = [n for n, p in module.named_parameters() if p.requires_grad]
     if any(".lora_" not in n for n in trainable):
         raise RuntimeError(f"LoRA left non-adapter parameters trainable: {[n for n in trainable if '.lora_' not in n]}")
+
+
+def _hidden_requires_grad(_module, _inputs, outputs):
+    """The frozen embedding's output carries no gradient; a checkpointed decoder layer (DeepSpeed's
+    activation checkpointing) whose inputs need none would leave its adapters without one."""
+    hidden, *rest = outputs
+    if torch.is_grad_enabled() and not hidden.requires_grad:
+        hidden = hidden.requires_grad_(True)
+    return (hidden, *rest)
 
 
 @contextlib.contextmanager
@@ -101,12 +113,6 @@ def adapters_disabled(module: nn.Module):
             m.enable_adapters(True)
 
 
-def _stage_layers(module: PolicyPipeline):
-    from rlft.pipeline.weights import _stage_layers as stage_layers
-
-    return stage_layers(module)
-
-
 def _base_name(local_name: str) -> str:
     """``layer.self_attn.q_proj.base_layer.weight`` -> ``layer.self_attn.q_proj.weight``."""
     return local_name.replace(".base_layer.", ".")
@@ -117,8 +123,8 @@ def merged_hf_state_dict(module: PolicyPipeline, *, only_adapted: bool = False) 
     """This stage's weights under HF names, adapters merged in (see the module docstring).
 
     Unadapted weights are detached views of the live (frozen) weights; merged ones are new tensors
-    in the weights' dtype. As :func:`rlft.pipeline.export_hf_state_dict`, a tied embedding is given
-    once, by the first stage. ``only_adapted``: only the weights the adapters change.
+    in the weights' dtype. As :func:`rlft.pipeline.export_hf_state_dict` (which a stage with adapters
+    refuses), a tied embedding is given once, by the first stage. ``only_adapted``: only the weights the adapters change.
     """
     out: dict[str, torch.Tensor] = {}
     for layer, replica in _stage_layers(module):

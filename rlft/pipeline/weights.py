@@ -123,11 +123,9 @@ def export_hf_state_dict(module: PolicyPipeline) -> dict[str, torch.Tensor]:
 
     A tied embedding is exported once, by the first stage, as ``model.embed_tokens.weight``;
     ``lm_head.weight`` appears (on the last stage) only when untied. The stages' dicts are disjoint
-    and their union is the model's HF state dict. With LoRA adapters (:mod:`rlft.pipeline.lora`) the
-    weights they adapt are given merged.
+    and their union is the model's HF state dict. A stage with LoRA adapters exports through
+    :func:`rlft.pipeline.lora.merged_hf_state_dict` instead (the adapted weights merged).
     """
-    from rlft.pipeline.lora import has_lora, merged_hf_state_dict
-
-    if has_lora(module):
-        return merged_hf_state_dict(module)
+    if getattr(module, "lora_config", None) is not None:
+        raise ValueError("this stage holds LoRA adapters: export it with rlft.pipeline.lora.merged_hf_state_dict")
     return {name: param.detach() for name, param in hf_named_parameters(module)}
