@@ -20,8 +20,9 @@ from rlft.config import RunConfig
 from rlft.micro_batches import fixed_micro_batches, row_widths, token_budget_micro_batches
 from rlft.objectives import Objective
 from rlft.pipeline import build_policy_pipeline, export_hf_state_dict, load_hf_weights, pipeline_logprobs
-from rlft.runtime.resume_rules import apply_optimizer_settings
+from rlft.roles.reference import reference_is_policy_base
 from rlft.roles.update_guard import GuardedAdamW, SkipNonFiniteSteps  # noqa: F401 (importable from here)
+from rlft.runtime.resume_rules import apply_optimizer_settings
 from rlft.topology import RankRoles, check_stages_vs_layers
 
 # DeepSpeed's JSON templates: ds_configs/ at the top of a checkout, beside launch/; an installed
@@ -69,7 +70,7 @@ class PolicyTrainer:
     """
 
     def __init__(self, cfg: RunConfig, roles: RankRoles, model_path: str, device: torch.device, bf16: bool,
-                 *, objective: Objective, batch_size: int):
+                 *, objective: Objective, batch_size: int, adapter_path: str | None = None):
         import deepspeed
 
         self.cfg, self.roles, self.device, self.bf16 = cfg, roles, device, bf16
@@ -85,6 +86,12 @@ class PolicyTrainer:
             activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0,
             metric_names=objective.metric_names)
         load_hf_weights(module, model_path)
+        if cfg.model.lora.enabled:  # peft's adapters: the only trainable parameters (rlft.pipeline.lora)
+            from rlft.pipeline.lora import add_lora, load_adapter_weights
+
+            add_lora(module, cfg.model.lora, seed=cfg.seed)
+            if adapter_path is not None:
+                load_adapter_weights(module, adapter_path)
         params = [p for p in module.parameters() if p.requires_grad]
         o = cfg.optim
         optimizer = GuardedAdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
@@ -169,6 +176,11 @@ class PolicyTrainer:
         `nonfinite` is 1 when the step's loss or gradient norm was not finite or an update was
         skipped or rolled back (the step did not change the weights soundly)."""
         part = batch.rows(self.replica_rows())
+        if self.objective.needs_reference and reference_is_policy_base(self.cfg):
+            from rlft.pipeline.lora import adapters_disabled
+
+            with adapters_disabled(self.module):  # the base model: the reference, without a second copy
+                part.ref_logprobs = self._logprobs(part)  # the last stage's; None on the others
         if self.objective.needs_old_logprobs:
             part.old_logprobs = self._logprobs(part)  # the last stage's; None on the others
         skipped_before = self.optimizer.skipped + self.engine.skipped_steps
@@ -209,17 +221,47 @@ class PolicyTrainer:
         return None if lp is None else lp.float().cpu()
 
     def export_state(self) -> dict[str, torch.Tensor]:
-        """This stage's weights under HF names (shared tensors are exported by one stage only)."""
+        """This stage's weights under HF names (shared tensors are exported by one stage only);
+        with LoRA, merged."""
+        if self.lora:
+            from rlft.pipeline.lora import merged_hf_state_dict
+
+            return merged_hf_state_dict(self.module)
         return export_hf_state_dict(self.module)
+
+    @property
+    def lora(self) -> bool:
+        return self.cfg.model.lora.enabled
+
+    def sync_state(self, *, complete: bool = False) -> dict[str, torch.Tensor]:
+        """What the engines need to hold this stage's policy: with LoRA only the weights the
+        adapters change, merged (the others are the base model's, which the engines loaded at start
+        and which never change), unless `complete`; else every weight."""
+        if self.lora and not complete:
+            from rlft.pipeline.lora import merged_hf_state_dict
+
+            return merged_hf_state_dict(self.module, only_adapted=True)
+        return self.export_state()
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """This stage's LoRA adapters under peft's names (empty without LoRA)."""
+        if not self.lora:
+            return {}
+        from rlft.pipeline.lora import adapter_state_dict
+
+        return adapter_state_dict(self.module)
 
     # ------------------------------------------------------------------ checkpoints
 
     def save(self, directory: str, client_state: dict) -> None:
-        self.engine.save_checkpoint(directory, tag="deepspeed", client_state=client_state, save_latest=False)
+        # With LoRA the frozen base weights stay out of DeepSpeed's files (the model path holds them).
+        self.engine.save_checkpoint(directory, tag="deepspeed", client_state=client_state, save_latest=False,
+                                    exclude_frozen_parameters=self.lora)
 
     def load(self, directory: str) -> dict:
         _, client_state = self.engine.load_checkpoint(directory, tag="deepspeed", load_optimizer_states=True,
-                                                      load_lr_scheduler_states=True)
+                                                      load_lr_scheduler_states=True,
+                                                      load_module_strict=not self.lora)
         if client_state is None:
             raise RuntimeError(f"could not load the policy checkpoint in {directory}/deepspeed")
         # The checkpoint brought back its learning rate and betas: this launch's config decides them.

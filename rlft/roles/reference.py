@@ -20,6 +20,15 @@ def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     return torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 
+def reference_is_policy_base(cfg) -> bool:
+    """With LoRA (`model.lora.enabled`) and the reference role on a policy rank, the reference is the
+    policy's own pipeline with its adapters off (the base model): the policy computes the reference
+    log-probs of its rows itself and no second copy of the model is loaded.  A reference on a rank of
+    its own keeps the base model there (`ReferenceModel`), as without LoRA."""
+    t = cfg.topology
+    return cfg.model.lora.enabled and t.reference_rank in t.policy_ranks
+
+
 class ReferenceModel:
     def __init__(self, model_path: str, *, dtype: str, device: torch.device, micro_batch_size: int,
                  attn_implementation: str = "sdpa"):

@@ -7,7 +7,7 @@ from rlft.common import log
 from rlft.config import ConfigError, RunConfig
 from rlft.objectives import Objective
 from rlft.runtime.bridge import init_policy_world
-from rlft.runtime.checkpoint import resume_point
+from rlft.runtime.checkpoint import ADAPTER_DIR, resume_point
 from rlft.runtime.context import RankContext
 
 
@@ -57,9 +57,17 @@ def _build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, rol
         init_policy_world(ctx.bridge, roles.policy_index, len(cfg.topology.policy_ranks), backend,
                           timeout_s=60 * cfg.topology.collective_timeout_minutes)
         start = str(resumed / "hf") if weights_only else ctx.model_path  # the checkpoint's HF export
+        adapter = resumed / "hf" / ADAPTER_DIR if weights_only else None
+        if cfg.model.lora.enabled and adapter is not None and adapter.is_dir():
+            start = ctx.model_path  # LoRA: the base model and the checkpoint's adapters, not the merged export
+        else:
+            adapter = None
         ctx.policy = PolicyTrainer(cfg, roles, start, ctx.device, bf16=ctx.policy_dtype == torch.bfloat16,
-                                   objective=objective, batch_size=batch_size)
-    if roles.reference and objective.needs_reference:
+                                   objective=objective, batch_size=batch_size,
+                                   adapter_path=None if adapter is None else str(adapter))
+    from rlft.roles.reference import reference_is_policy_base
+
+    if roles.reference and objective.needs_reference and not reference_is_policy_base(cfg):
         from rlft.roles.reference import ReferenceModel
 
         ctx.reference = ReferenceModel(ctx.model_path, dtype=ctx.dtype, device=ctx.device,

@@ -2,7 +2,8 @@
 
     OUT/checkpoints/step_000010/
         deepspeed/              DeepSpeed's files (every policy rank: its stage's weights + optimizer)
-        hf/                     the policy as an HF model directory (one safetensors shard per stage)
+        hf/                     the policy as an HF model directory (one safetensors shard per stage);
+                                with LoRA the merged model, and hf/adapter/ the adapters (peft's format)
         rng/rank_<r>.pt         every rank's RNG state
         trainer_state.json      step, data position, the policy's layout; written last
     OUT/model/                  the final HF model (written when training completes)
@@ -39,6 +40,7 @@ class CheckpointError(RuntimeError):
 
 STATE_FILE = CHECKPOINT_STATE_FILE
 FINAL_STATE_FILE = "rlft_state.json"
+ADAPTER_DIR = "adapter"  # with LoRA: hf/adapter/ (and OUT/model/adapter/), for PeftModel.from_pretrained
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
 
@@ -258,6 +260,8 @@ def _save_checkpoint(ctx: RankContext, step: int, *, final: bool) -> None:
         if roles.replica == 0:
             part["stage"] = roles.stage
             part["names"] = write_hf_shard(tmp / "hf", roles.stage, roles.num_stages, ctx.policy.export_state())
+            if cfg.model.lora.enabled:
+                part["adapter"] = {k: v.to("cpu", copy=True) for k, v in ctx.policy.adapter_state().items()}
     if ctx.data is not None:  # the data position: the rollout role's or SFT's feeder's PromptSampler
         part["prompt_sampler"] = ctx.data.state_dict()
     save_rng(tmp / "rng" / f"rank_{roles.rank}.pt")
@@ -272,6 +276,11 @@ def _save_checkpoint(ctx: RankContext, step: int, *, final: bool) -> None:
                 data_state = p["prompt_sampler"]
         hf_config = ctx.policy.hf_config if ctx.policy is not None else load_hf_config(ctx.model_path)
         write_hf_index(tmp / "hf", names, hf_config, ctx.tokenizer, ctx.policy_dtype)
+        if cfg.model.lora.enabled:  # hf/ holds the merged model, hf/adapter/ the adapters alone (peft's format)
+            from rlft.pipeline.lora import peft_lora_config, save_adapter
+
+            adapter = {k: v for p in parts for k, v in p.get("adapter", {}).items()}
+            save_adapter(tmp / "hf" / ADAPTER_DIR, adapter, peft_lora_config(cfg.model.lora), ctx.model_path)
         write_json_atomic(tmp / STATE_FILE, {"step": step, "prompt_sampler": data_state,
                                              "total_steps": cfg.schedule.steps, "layout": policy_layout(cfg),
                                              "settings": run_settings(cfg)})

@@ -19,6 +19,10 @@ def sync_weights(ctx: RankContext) -> dict:
     if t.evaluator_rank != t.sampler_rank:
         targets.append(t.evaluator_rank)
     engines = ctx.engines()
+    # With LoRA only the adapted weights travel (merged): the engines keep the base model's others,
+    # unless a sleeping vLLM engine drops its weights (sleep mode, level 2); the checksums below
+    # still cover every weight.
+    complete = ctx.cfg.sampling.vllm.sleep_mode
     for e in engines:
         e.wake()
     out: dict = {}
@@ -26,11 +30,12 @@ def sync_weights(ctx: RankContext) -> dict:
         for stage in range(t.pipeline_stages):
             src = policy_rank_of(t, replica=0, stage=stage)
             if roles.rank == src and roles.rank == target:
-                state = list(ctx.policy.export_state().items())
+                state = list(ctx.policy.sync_state(complete=complete).items())
                 for e in engines:
                     e.update_weights(state)
             elif roles.rank == src:
-                bridge.send_named_tensors(ctx.policy.export_state().items(), dst=target, tag=SYNC_TAG + stage)
+                bridge.send_named_tensors(ctx.policy.sync_state(complete=complete).items(), dst=target,
+                                          tag=SYNC_TAG + stage)
             elif roles.rank == target:
                 received = list(bridge.recv_named_tensors(src, tag=SYNC_TAG + stage, device=ctx.device))
                 for e in engines:
