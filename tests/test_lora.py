@@ -185,13 +185,21 @@ def test_export_is_the_merged_model(launches, models, num_stages, name):
     assert export.keys() == expected.keys()
     for key, value in expected.items():
         assert (export[key] - value).abs().max() <= 1e-6, key
-    # Only the adapted weights: exactly the target modules' weights (no biases, norms, embeddings).
+    # What the sync sends: the adapted projections and those vLLM fuses with them (q/k/v, gate/up),
+    # weights and biases; no norms, no embeddings, no other projection.
     adapted = merged(results, "adapted_export")
     targets = CASES[name][2]["target_modules"]
-    assert sorted(adapted) == sorted(k for k in expected if k.endswith(".weight") and k.split(".")[-2] in targets)
+    fused = {"q_proj": ("q_proj", "k_proj", "v_proj"), "gate_proj": ("gate_proj", "up_proj")}
+    sent = {m for t in targets for group in fused.values() for m in (group if t in group else (t,))}
+    assert sorted(adapted) == sorted(k for k in expected if k.split(".")[-2] in sent)
+    if name == "qwen2_untied_qv":  # k_proj (not a target) travels with q and v, with the biases
+        assert {"model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.k_proj.bias"} <= adapted.keys()
     for key, value in adapted.items():
         assert torch.equal(value, export[key])
-        assert (value - base.state_dict()[key]).abs().max() > 1e-3  # merged, not the base weight
+        if key.endswith(".weight") and key.split(".")[-2] in targets:
+            assert (value - base.state_dict()[key]).abs().max() > 1e-3  # merged, not the base weight
+        else:
+            assert torch.equal(value, base.state_dict()[key])
 
 
 @pytest.mark.parametrize("name", LAUNCHES[3])

@@ -9,8 +9,9 @@ What leaves a stage:
 
 * :func:`merged_hf_state_dict`: the stage's weights under HF names with the adapters merged in
   (``W + B A · alpha / rank``, peft's ``get_delta_weight``): the policy the sampler and the HF export
-  hold. ``only_adapted=True`` gives only the weights the adapters change (the weight sync: the
-  other weights are the base model's, which the engines loaded at start and which never change).
+  hold. ``only_adapted=True`` gives only the projections the adapters change, and those fused with
+  them in vLLM (the weight sync: the other weights are the base model's, which the engines loaded at
+  start and which never change).
 * :func:`adapter_state_dict`: the adapters under peft's own names
   (``base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight``), so that
   :func:`save_adapter`'s directory opens with ``PeftModel.from_pretrained(base_model, dir)``.
@@ -118,30 +119,44 @@ def _base_name(local_name: str) -> str:
     return local_name.replace(".base_layer.", ".")
 
 
+# Projections vLLM fuses into one layer (qkv_proj, gate_up_proj): its in-place reload keeps the
+# previous weights of a fused layer that received only some of its parts, so they travel together.
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def _sent_with(module_name: str) -> set[str]:
+    """``layer.self_attn.q_proj`` -> itself and the projections fused with it."""
+    owner, _, leaf = module_name.rpartition(".")
+    group = next((g for g in FUSED if leaf in g), (leaf,))
+    return {f"{owner}.{m}" if owner else m for m in group}
+
+
 @torch.no_grad()
 def merged_hf_state_dict(module: PolicyPipeline, *, only_adapted: bool = False) -> dict[str, torch.Tensor]:
     """This stage's weights under HF names, adapters merged in (see the module docstring).
 
     Unadapted weights are detached views of the live (frozen) weights; merged ones are new tensors
-    in the weights' dtype. As :func:`rlft.pipeline.export_hf_state_dict` (which a stage with adapters
-    refuses), a tied embedding is given once, by the first stage. ``only_adapted``: only the weights the adapters change.
+    in the weights' dtype. As :func:`rlft.pipeline.export_hf_state_dict` (which a stage with
+    adapters refuses), a tied embedding is given once, by the first stage. ``only_adapted``: only
+    the parameters (weights and biases) of the adapted projections and of those an engine fuses
+    with them (:data:`FUSED`), everything the weight sync must send.
     """
     out: dict[str, torch.Tensor] = {}
     for layer, replica in _stage_layers(module):
         if replica:
             continue
-        merged = {}
+        merged, sent = {}, set()
         for name, lora in _lora_layers(layer):
             base = lora.get_base_layer().weight
             merged[f"{name}.weight"] = (base + lora.get_delta_weight(ADAPTER).to(base.dtype)).detach()
+            sent |= _sent_with(name)
         for local_name, param in layer.named_parameters():
             if ".lora_" in local_name:
                 continue
             name = _base_name(local_name)
-            if name in merged:
-                out[layer.hf_name(name)] = merged[name]
-            elif not only_adapted:
-                out[layer.hf_name(name)] = param.detach()
+            if only_adapted and name.rpartition(".")[0] not in sent:
+                continue
+            out[layer.hf_name(name)] = merged.get(name, param.detach())
     return out
 
 
