@@ -41,7 +41,7 @@ def lora_runs(tmp_path_factory):
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
         print(f"\nCPU wall time, {name} launch: {time.time() - t0:.1f} s")
         runs[name] = res
-    return {"model": Path(model), "straight": straight, "resumed": resumed, "runs": runs}
+    return {"model": Path(model), "data": data, "straight": straight, "resumed": resumed, "runs": runs}
 
 
 def without_timing(step: dict) -> dict:
@@ -134,3 +134,25 @@ def test_reference_is_the_base_model_and_sync_is_checked(lora_runs):
         assert s["sync/engine_sum"] == pytest.approx(s["sync/policy_sum"], rel=1e-9, abs=1e-9)
         assert s["sync/engine_abs_sum"] == pytest.approx(s["sync/policy_abs_sum"], rel=1e-9)
         assert abs(s["rollout_mismatch/kl"]) < 1e-6  # and samples with it
+
+
+def test_weights_only_resume_takes_the_base_model_and_the_adapters(lora_runs, tmp_path):
+    import shutil
+
+    # The 2-stage run's last checkpoint, resumed by one process holding a 1-stage policy.
+    out = tmp_path / "out"
+    shutil.copytree(lora_runs["straight"] / "checkpoints" / "step_000004", out / "checkpoints" / "step_000004")
+    model, data = lora_runs["model"], lora_runs["data"]
+    res = launch(f"model.path={model}", f"data.source={data}", "sampling.repetition_penalty=1.0",
+                 "data.prompt_template=r1_short", "optim.lr=1e-2", "schedule.evaluate_freq=0", *LORA,
+                 "topology.policy_ranks=[0]", "topology.pipeline_stages=1", "topology.sampler_rank=0",
+                 "topology.reference_rank=0", "topology.evaluator_rank=0", f"output.dir={out}",
+                 "schedule.steps=5", "output.resume_weights_only=true")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    assert "resuming the weights only" in res.stderr
+    step = read_steps(out)[-1]
+    assert step["step"] == 5
+    # The policy is the base model plus the checkpoint's adapters, the reference the base model: they
+    # differ. (Fresh adapters on the merged export would make both the merged model: KL 0.)
+    assert step["kl"] > 1e-6
+    assert step["sync/engine_sum"] == pytest.approx(step["sync/policy_sum"], rel=1e-9, abs=1e-9)
