@@ -244,3 +244,29 @@ def test_lora_settings_are_checked():
                             ("model.lora.target_modules=[]", "model.lora.target_modules")):
         with pytest.raises(ConfigError, match=words):
             build_config({}, [override])
+
+
+def test_one_gpu_memory_plan_counts_frozen_base_weights_and_adapters(tmp_path):
+    from rlft.runtime.memory_plan import lora_parameters, refuse_if_short, shared_gpu_plan
+
+    # The adapters' size, from the config alone, equals what peft adds to the real model.
+    settings = {"rank": 3, "alpha": 6.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+    model = random_hf_model(tiny_qwen2(), seed=0)
+    model.save_pretrained(tmp_path)
+    peft_model = peft_model_of(model, settings, seed=0)
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert lora_parameters(str(tmp_path), SimpleNamespace(**settings)) == trainable > 0
+
+    # A 7B policy (bf16) beside an engine taking 0.8 of a 140 GiB GPU: fully trained it cannot fit
+    # (20 bytes a parameter); with LoRA the base is 2 bytes a parameter and only 40M adapter
+    # parameters carry gradients and Adam's moments.
+    gib = 2**30
+    cfg = build_config({}, ["sampling.vllm.gpu_memory_utilization=0.8", "model.lora.enabled=true"])
+    full = shared_gpu_plan(cfg, total_bytes=140 * gib, params=7_000_000_000, policy_dtype=torch.bfloat16,
+                           reference_here=False)
+    with pytest.raises(ConfigError, match="cannot share this GPU"):
+        refuse_if_short(full)
+    lora = shared_gpu_plan(cfg, total_bytes=140 * gib, params=7_000_000_000, policy_dtype=torch.bfloat16,
+                           reference_here=False, adapter_params=40_000_000)
+    assert lora["policy"] == pytest.approx((7e9 * 2 + 40e6 * 20) / gib)
+    refuse_if_short(lora)  # fits

@@ -43,11 +43,14 @@ def _build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, rol
     cfg, roles = ctx.cfg, ctx.roles
     resumed, weights_only = resume_point(cfg)  # every rank: a checkpoint of another layout stops them all here
     check_prompt_fits_tokenizer(ctx)
+    from rlft.roles.reference import reference_is_policy_base
+
     if roles.policy and (roles.sampler or roles.evaluator):
         from rlft.runtime.memory_plan import check_shared_gpu
 
         plan = check_shared_gpu(cfg, model_path=ctx.model_path, device=ctx.device, policy_dtype=ctx.policy_dtype,
-                                reference_here=roles.reference and objective.needs_reference)
+                                reference_here=(roles.reference and objective.needs_reference
+                                                and not reference_is_policy_base(cfg)))
         if plan:
             log.info("one GPU for the policy and the engine: %s GiB", ", ".join(f"{k} {v:.1f}" for k, v in plan.items()))
     if roles.policy:
@@ -65,8 +68,6 @@ def _build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, rol
         ctx.policy = PolicyTrainer(cfg, roles, start, ctx.device, bf16=ctx.policy_dtype == torch.bfloat16,
                                    objective=objective, batch_size=batch_size,
                                    adapter_path=None if adapter is None else str(adapter))
-    from rlft.roles.reference import reference_is_policy_base
-
     if roles.reference and objective.needs_reference and not reference_is_policy_base(cfg):
         from rlft.roles.reference import ReferenceModel
 

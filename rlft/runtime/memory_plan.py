@@ -30,15 +30,35 @@ def count_parameters(model_path: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def lora_parameters(model_path: str, lora) -> int:
+    """The parameters LoRA adds (`model.lora`): rank x (in + out) for every targeted linear layer of
+    the decoder layers, counted on a copy built on the meta device."""
+    from transformers import AutoModelForCausalLM
+
+    from rlft.models import load_hf_config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(load_hf_config(model_path))
+    return sum(lora.rank * (m.in_features + m.out_features) for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and ".layers." in name and name.rpartition(".")[2] in lora.target_modules)
+
+
 def shared_gpu_plan(cfg: RunConfig, *, total_bytes: int, params: int, policy_dtype: torch.dtype,
-                    reference_here: bool) -> dict[str, float]:
+                    reference_here: bool, adapter_params: int | None = None) -> dict[str, float]:
     """GiB each part needs on a GPU shared by the policy and the engine: `engine`, `policy`,
-    `reference`, `headroom`, `total` (what the GPU has) and `free` (negative: it cannot fit)."""
+    `reference`, `headroom`, `total` (what the GPU has) and `free` (negative: it cannot fit).
+    With LoRA (`adapter_params`: what the adapters add) the base weights are frozen (weights only)
+    and the adapters alone carry gradients and optimizer state."""
     gib = 2**30
+    weight_bytes = 2 if policy_dtype == torch.bfloat16 else 4
+    if adapter_params is None:
+        policy = params * POLICY_BYTES_PER_PARAM[policy_dtype]
+    else:
+        policy = params * weight_bytes + adapter_params * POLICY_BYTES_PER_PARAM[policy_dtype]
     plan = {
         "engine": cfg.sampling.vllm.gpu_memory_utilization * total_bytes / gib,
-        "policy": params * POLICY_BYTES_PER_PARAM[policy_dtype] / gib,
-        "reference": (params * (2 if policy_dtype == torch.bfloat16 else 4) / gib) if reference_here else 0.0,
+        "policy": policy / gib,
+        "reference": (params * weight_bytes / gib) if reference_here else 0.0,
         "headroom": HEADROOM * total_bytes / gib,
         "total": total_bytes / gib,
     }
@@ -54,7 +74,8 @@ def check_shared_gpu(cfg: RunConfig, *, model_path: str, device: torch.device, p
         return None
     plan = shared_gpu_plan(cfg, total_bytes=torch.cuda.get_device_properties(device).total_memory,
                            params=count_parameters(model_path), policy_dtype=policy_dtype,
-                           reference_here=reference_here)
+                           reference_here=reference_here,
+                           adapter_params=lora_parameters(model_path, cfg.model.lora) if cfg.model.lora.enabled else None)
     refuse_if_short(plan)
     return plan
 
