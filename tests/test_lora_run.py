@@ -32,7 +32,8 @@ def lora_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora_grpo")
     model, data = taught_sums(root, teach_steps=100, test_size=4)
     common = (f"model.path={model}", f"data.source={data}", "sampling.repetition_penalty=1.0",
-              "data.prompt_template=r1_short", "optim.lr=1e-2", "schedule.evaluate_freq=0", *TWO_RANKS, *LORA)
+              "data.prompt_template=r1_short", "optim.lr=1e-2", "schedule.evaluate_freq=0",
+              "grpo.mismatch_metrics_every=1", *TWO_RANKS, *LORA)
     straight, resumed = root / "straight", root / "resumed"
     runs = {}
     for name, out, steps in (("straight", straight, 4), ("first", resumed, 2), ("second", resumed, 4)):
@@ -133,7 +134,7 @@ def test_reference_is_the_base_model_and_sync_is_checked(lora_runs):
     for s in steps:  # the sampler holds the trainer's merged policy after every sync
         assert s["sync/engine_sum"] == pytest.approx(s["sync/policy_sum"], rel=1e-9, abs=1e-9)
         assert s["sync/engine_abs_sum"] == pytest.approx(s["sync/policy_abs_sum"], rel=1e-9)
-        assert abs(s["rollout_mismatch/kl"]) < 1e-6  # and samples with it
+        assert abs(s["rollout_mismatch/kl"]) < 1e-6  # and samples with it (logged every step here)
 
 
 def test_weights_only_resume_takes_the_base_model_and_the_adapters(lora_runs, tmp_path):
