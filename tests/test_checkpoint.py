@@ -166,7 +166,7 @@ def test_resuming_with_settings_the_checkpoint_depends_on_changed_is_refused_wit
 
 def test_a_resumed_optimizer_takes_the_configs_learning_rate_and_schedule():
     from rlft.roles.policy import GuardedAdamW, lr_lambda
-    from rlft.runtime.resume_rules import apply_optimizer_settings
+    from rlft.roles.policy import apply_optimizer_settings
 
     def optimizer(cfg):
         model = torch.nn.Linear(2, 1)

@@ -22,7 +22,6 @@ from rlft.objectives import Objective
 from rlft.pipeline import build_policy_pipeline, export_hf_state_dict, load_hf_weights, pipeline_logprobs
 from rlft.roles.reference import reference_is_policy_base
 from rlft.roles.update_guard import GuardedAdamW, SkipNonFiniteSteps  # noqa: F401 (importable from here)
-from rlft.runtime.resume_rules import apply_optimizer_settings
 from rlft.topology import RankRoles, check_stages_vs_layers
 
 # DeepSpeed's JSON templates: ds_configs/ at the top of a checkout, beside launch/; an installed
@@ -60,6 +59,17 @@ def lr_lambda(cfg: RunConfig):
             return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
         return 1.0
     return f
+
+
+def apply_optimizer_settings(optimizer, scheduler, cfg, lr_factor) -> None:
+    """After loading a checkpoint's optimizer and scheduler state: the config's learning rate (times
+    `lr_factor(step)` of the schedule, which the config's lengths shape), betas, eps and weight decay."""
+    o = cfg.optim
+    scheduler.base_lrs = [o.lr for _ in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group.update(initial_lr=o.lr, lr=o.lr * lr_factor(scheduler.last_epoch), betas=tuple(o.betas), eps=o.eps,
+                     weight_decay=o.weight_decay)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 class PolicyTrainer:

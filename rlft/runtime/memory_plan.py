@@ -17,6 +17,9 @@ from rlft.config import ConfigError, RunConfig
 # gradients (4), Adam's two fp32 moments (8).  fp32 training: weights, gradients, moments (16).
 POLICY_BYTES_PER_PARAM = {torch.bfloat16: 20, torch.float32: 16}
 HEADROOM = 0.05  # of the GPU, for CUDA contexts, NCCL buffers and the sampling phase's activations
+# The update guard (`optim.divergence_factor` > 0) copies the optimizer's fp32 weights and Adam's two
+# moments during a step, to roll back an update that is not sane.
+GUARD_BYTES_PER_TRAINED_PARAM = 12
 
 
 def count_parameters(model_path: str) -> int:
@@ -46,15 +49,19 @@ def lora_parameters(model_path: str, lora) -> int:
 def shared_gpu_plan(cfg: RunConfig, *, total_bytes: int, params: int, policy_dtype: torch.dtype,
                     reference_here: bool, adapter_params: int | None = None) -> dict[str, float]:
     """GiB each part needs on a GPU shared by the policy and the engine: `engine`, `policy`,
-    `reference`, `headroom`, `total` (what the GPU has) and `free` (negative: it cannot fit).
+    `reference`, `headroom`, `total` (what the GPU has) and `free` (negative: it cannot fit).  The
+    policy's part includes the update guard's copy when `optim.divergence_factor` > 0.
     With LoRA (`adapter_params`: what the adapters add) the base weights are frozen (weights only)
     and the adapters alone carry gradients and optimizer state."""
     gib = 2**30
     weight_bytes = 2 if policy_dtype == torch.bfloat16 else 4
+    trained = params if adapter_params is None else adapter_params
     if adapter_params is None:
         policy = params * POLICY_BYTES_PER_PARAM[policy_dtype]
     else:
         policy = params * weight_bytes + adapter_params * POLICY_BYTES_PER_PARAM[policy_dtype]
+    if cfg.optim.divergence_factor > 0:
+        policy += trained * GUARD_BYTES_PER_TRAINED_PARAM
     plan = {
         "engine": cfg.sampling.vllm.gpu_memory_utilization * total_bytes / gib,
         "policy": policy / gib,

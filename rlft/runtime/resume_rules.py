@@ -5,7 +5,7 @@
   with others is refused with the list of what differs (`check_settings_unchanged`).
 * Every other setting applies from the launch's config; the optimizer's hyperparameters, which
   loading DeepSpeed's state would bring back from the checkpoint, are set again from it
-  (`apply_optimizer_settings`): a resumed run trains at the learning rate its config.yaml records.
+  (`rlft.roles.policy.apply_optimizer_settings`): a resumed run trains at the learning rate its config.yaml records.
 * `output.resume=never` starts afresh: in a directory that already holds another run's
   checkpoints, steps or model it would prune, resume or mix them, so it is refused
   (`check_fresh_start`).
@@ -67,14 +67,3 @@ def check_fresh_start(cfg) -> None:
             f"output.resume: never starts a fresh run, but output.dir {cfg.output.dir} holds another run's "
             f"{', '.join(used)}, which the new run would prune, resume or mix with its own; choose another "
             f"output.dir, move those away, or continue that run with output.resume=auto")
-
-
-def apply_optimizer_settings(optimizer, scheduler, cfg, lr_factor) -> None:
-    """After loading a checkpoint's optimizer and scheduler state: the config's learning rate (times
-    `lr_factor(step)` of the schedule, which the config's lengths shape), betas, eps and weight decay."""
-    o = cfg.optim
-    scheduler.base_lrs = [o.lr for _ in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group.update(initial_lr=o.lr, lr=o.lr * lr_factor(scheduler.last_epoch), betas=tuple(o.betas), eps=o.eps,
-                     weight_decay=o.weight_decay)
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
