@@ -22,4 +22,6 @@ fi
 echo "[demo] 2/3 GRPO: watch it with  tensorboard --logdir runs/demo" >&2
 bash "$here/train.sh" "$here/configs/grpo_cpu_demo.yaml" "$@" || exit $?
 echo "[demo] 3/3 what it learnt" >&2
-python -m rlft.curves runs/demo/grpo --title "GRPO on CPU: SmolLM2-135M-Instruct, two-number sums"
+grpo_dir=runs/demo/grpo  # or where an output.dir= argument sent the GRPO stage (the last one wins)
+for arg in "$@"; do case "$arg" in output.dir=*) grpo_dir="${arg#output.dir=}" ;; esac; done
+python -m rlft.curves "$grpo_dir" --title "GRPO on CPU: SmolLM2-135M-Instruct, two-number sums"
