@@ -28,8 +28,10 @@ def chat_run(tmp_path_factory):
     model = tiny_model_dir(root / "model", family="qwen2", num_layers=2, tokenizer_dir=qwen_tokenizer_dir())
     tok = AutoTokenizer.from_pretrained(model)
     prompt = Prompt("chat", answer_format="boxed")
-    # Taught to box 5 or 7 after the chat prompt: rollouts mix right and wrong answers, all well-formed.
-    teach_answer_format(model, [prompt.render(q, tok) for q in QUESTIONS], ["5", "7"], steps=60,
+    # Taught to box 5 or 7 after the chat prompt (on 3 of the questions: what it learns carries over, and
+    # a 151,936-token vocabulary makes every taught sequence costly): rollouts mix right and wrong
+    # answers, nearly all well-formed.
+    teach_answer_format(model, [prompt.render(q, tok) for q in QUESTIONS[:3]], ["5", "7"], steps=40,
                         output="So the answer is \\boxed{{{}}}.")
     data = write_gsm8k_dir(root / "gsm8k", {"train": [(q, "5" if i % 2 else "7") for i, q in enumerate(QUESTIONS)],
                                             "test": [(q, "5") for q in QUESTIONS[:4]]})
