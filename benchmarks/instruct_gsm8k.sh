@@ -6,6 +6,7 @@
 #
 # Phases (each resumable: run a phase again to continue it):
 #   eval     python -m rlft.evaluate of MODEL with the config's prompt and format  -> OUT/before
+#            (not while a training on the same GPU starts or sleeps: vLLM's start-up profile fails then)
 #   grpo     GRPO from MODEL (STEPS steps or MINUTES of training per launch, whichever ends first;
 #            held-out accuracy at step 0, every EVAL_EVERY steps and after the last) -> OUT/grpo_instruct
 #   summary  learning.json (gsm8k_instruct: before/after, McNemar) and the curves   -> OUT/

@@ -120,7 +120,7 @@ def plot_runs(runs: list[str | Path], out_png: str | Path, *, title: str | None 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(runs), figsize=(6.4 * len(runs), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(runs), figsize=(6.4 * len(runs), 5.0), squeeze=False)
     for ax, run in zip(axes[0], runs):
         steps, evals = read_steps(run), read_evals(run)
         for i, (key, label) in enumerate(CURVES):
@@ -139,6 +139,7 @@ def plot_runs(runs: list[str | Path], out_png: str | Path, *, title: str | None 
                     label="held-out accuracy")
         lengths = [(s["step"], float(s[LENGTH])) for s in steps
                    if isinstance(s.get(LENGTH), (int, float)) and math.isfinite(s[LENGTH])]
+        handles, labels = ax.get_legend_handles_labels()
         if lengths:
             twin = ax.twinx()
             x, y = zip(*lengths)
@@ -146,12 +147,14 @@ def plot_runs(runs: list[str | Path], out_png: str | Path, *, title: str | None 
                       label=f"response tokens (mean of {window} steps)")
             twin.set_ylabel("response tokens")
             twin.set_ylim(bottom=0)
-            twin.legend(loc="lower right", fontsize=8)
+            more_handles, more_labels = twin.get_legend_handles_labels()
+            handles, labels = handles + more_handles, labels + more_labels
         ax.set_xlabel("step")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         ax.set_title(title or Path(run).name)
-        ax.legend(loc="best", fontsize=8)
+        # One legend for both axes, under the panel: inside it would hide some of the curves.
+        ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=8)
     fig.tight_layout()
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)

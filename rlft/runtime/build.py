@@ -52,7 +52,8 @@ def _build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, rol
                                 reference_here=(roles.reference and objective.needs_reference
                                                 and not reference_is_policy_base(cfg)))
         if plan:
-            log.info("one GPU for the policy and the engine: %s GiB", ", ".join(f"{k} {v:.1f}" for k, v in plan.items()))
+            log.info("one GPU for the policy and the engine: %s GiB", ", ".join(
+                f"{'left over' if k == 'free' else k} {v:.1f}" for k, v in plan.items()))
     if roles.policy:
         from rlft.roles.policy import PolicyTrainer
 
