@@ -156,6 +156,10 @@ class GRPOConfig:
     overlong: str = "none"  # none | filter | soft_penalty
     overlong_buffer: int = 256  # tokens before max_tokens where the soft penalty starts
     overlong_penalty: float = 1.0  # the soft penalty at max_tokens
+    # The token that ended a response (the model's eos / end-of-turn) is trained like the others, so the
+    # policy learns when to stop (as TRL and verl do).  false = the original's mask, which leaves eos
+    # and bos ids out: a chat model's end-of-turn then never gets a gradient.
+    train_on_eos: bool = True
 
     @property
     def needs_reference(self) -> bool:

@@ -116,8 +116,10 @@ class RolloutWorker:
             rewards = rewards + self.overlong_penalties(rollout)
         advantages, raw_rewards, reward_stats = compute_group_normalized_rewards(
             rewards, g.group_size, g.advantage_eps, g.advantage_estimator)
-        batch = build_rollout_batch(rollout.prompt_ids, rollout.response_ids, pad_token_id=tok.pad_token_id,
-                                    eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+        # Every token the engine produced is a response token; with `grpo.train_on_eos: false` the eos
+        # and bos ids are masked out as in the original.
+        special = {} if g.train_on_eos else {"eos_token_id": tok.eos_token_id, "bos_token_id": tok.bos_token_id}
+        batch = build_rollout_batch(rollout.prompt_ids, rollout.response_ids, pad_token_id=tok.pad_token_id, **special,
                                     padding_side=self.cfg.model.padding_side,
                                     response_logprobs=None if None in rollout.logprobs else rollout.logprobs)
         batch.advantages, batch.raw_rewards = advantages, raw_rewards
