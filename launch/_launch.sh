@@ -24,6 +24,9 @@ if [ "$gpus" -lt 0 ]; then
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / per_node > 0 ? $(nproc) / per_node : 1 ))}"
 fi
 export TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+# c10d logs each failed call to a store whose host is gone as a warning with ~20 lines of C++ frames;
+# the ranks say themselves which rank went and why (rlft/runtime/watchdog.py). Errors still show.
+export TORCH_CPP_LOG_LEVEL="${TORCH_CPP_LOG_LEVEL:-ERROR}"
 # The ranks on this host watch this script: killed by any signal, SIGKILL included (which no trap
 # sees), it takes the launch with it (rlft/runtime/watchdog.py).
 export RLFT_LAUNCH_SCRIPT="$(hostname):$$"

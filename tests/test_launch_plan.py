@@ -311,3 +311,17 @@ def test_the_eval_scripts_examples_name_where_a_run_writes_its_model():
     header = [line for line in (REPO / "launch" / "eval.sh").read_text().splitlines() if line.startswith("#")]
     paths = [word for line in header for word in line.split() if word.startswith("runs/")]
     assert paths and all(re.fullmatch(r"runs/[\w.-]+/model", p) for p in paths), paths
+
+
+def test_demo_curve_step_reads_where_the_grpo_stage_writes():
+    # launch/demo.sh passes its arguments to the GRPO stage; its curve step must read the directory
+    # that stage wrote: the config's output.dir, or the last output.dir= argument.
+    def grpo_dir(*args: str) -> str:
+        res = subprocess.run(["bash", str(REPO / "launch" / "demo.sh"), "--grpo-dir", *args], cwd=REPO,
+                             capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+        return res.stdout.strip()
+
+    assert grpo_dir() == load_config(CONFIGS / "grpo_cpu_demo.yaml").output.dir == "runs/demo/grpo"
+    assert grpo_dir("schedule.steps=2") == "runs/demo/grpo"
+    assert grpo_dir("output.dir=runs/a", "optim.lr=1e-6", "output.dir=runs/my demo") == "runs/my demo"

@@ -171,6 +171,37 @@ def test_a_stopped_rank_is_named_and_the_others_exit(setup):
         launch.cleanup()
 
 
+@pytest.mark.parametrize("victim", [2, 0])
+def test_every_survivor_names_the_killed_rank_without_cpp_frames(setup, victim):
+    # kill -9 of one rank: the others then stop one after the other (they lose it, or the launcher
+    # stops them), rank 0 taking the bridge's store with it. Every survivor must name the rank
+    # killed (not rank 0, which merely went before it could look), cite no line nobody printed, and
+    # c10d's C++ stacks for calls to a store that is gone must not bury those lines.
+    out = setup["root"] / f"run_kill{victim}"
+    launch = Launch(setup["root"], f"kill{victim}", *setup["common"], *LAYOUT, f"output.dir={out}",
+                    "schedule.steps=500", "schedule.save_every=0", "topology.collective_timeout_minutes=0.5")
+    try:
+        wait_for(lambda: steps_done(out) >= 1 or launch.proc.poll() is not None, 600, "one step", launch)
+        ranks = launch.ranks()
+        assert sorted(ranks) == [0, 1, 2], launch.stderr[-5000:]
+        ranks[victim].kill()
+        took = wait_for(lambda: launch.proc.poll() is not None, 120, "the launch ended", launch)
+        print(f"\nthe launch ended {took:.1f} s after rank {victim} was killed")
+        lines = launch.stopped_lines()
+        for r in sorted(set(ranks) - {victim}):
+            mine = [line for line in lines if line.startswith(f"rlft: rank {r} ")]
+            assert len(mine) == 1, lines
+            why = mine[0].split(" stopping", 1)[1]
+            assert f"rank {victim} (" in why and f"(pid {ranks[victim].pid}) ended" in why, lines
+            assert not [o for o in ranks if o not in (r, victim) and f"rank {o} (" in why], lines
+            assert "own line" not in why and "'failed' line" not in why, lines  # the killed rank printed none
+        assert not [line for line in lines if line.startswith(f"rlft: rank {victim} ")], lines
+        frames = [line for line in launch.stderr.splitlines() if re.match(r"frame #\d+|Exception raised from ", line)]
+        assert len(frames) <= 3, "\n".join(frames[:40])
+    finally:
+        launch.cleanup()
+
+
 def test_the_output_lock_names_its_holder_and_is_taken_over_when_the_holder_is_gone(tmp_path):
     holder = subprocess.Popen(
         ["python", "-c", "import sys, time\nfrom rlft.runtime.outdir_lock import OutputDirLock\n"

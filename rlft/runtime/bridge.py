@@ -186,12 +186,23 @@ class Bridge:
 
     def report_failure(self, message: str) -> None:
         """Record the first failure in the store so that other ranks can name it."""
+        if self.store_gone():
+            return
         try:
             self.store.compare_set(FAILURE_KEY, "", message)
         except Exception:  # the store's host may already be gone
             pass
 
+    def store_gone(self) -> bool:
+        """Rank 0, which hosts the store, is seen gone (on this host): no call is made to the store
+        then, since c10d logs each failed one with its C++ stack (tens of lines)."""
+        from rlft.runtime.watchdog import process_state
+
+        return self.rank != 0 and process_state(**self.peers[0]) == "gone"
+
     def failure(self) -> str | None:
+        if self.store_gone():
+            return None
         try:
             if self.store.check([FAILURE_KEY]):
                 return self.store.get(FAILURE_KEY).decode()

@@ -21,7 +21,7 @@ from rlft.runtime.context import RankContext, choose_device
 from rlft.runtime.launcher_env import adopt_launcher_env, check_placement
 from rlft.runtime.outdir_lock import OutputDirInUse, OutputDirLock, describe_holder
 from rlft.runtime.reporting import setup_logging
-from rlft.runtime.watchdog import Watchdog, launcher_processes, process_state
+from rlft.runtime.watchdog import PEER_POLL_S, Watchdog, launcher_processes, process_state
 from rlft.topology import RankRoles, roles_for_rank
 
 # How a collective fails on the survivors when another rank died (the launcher then stops them all),
@@ -153,8 +153,8 @@ def lost_contact(ctx: RankContext, message: str) -> str:
         return (f"stopping: another rank did not answer within topology.collective_timeout_minutes ({minutes:g}) "
                 f"although every rank is alive: a phase took longer than that (raise it) or a rank is stuck "
                 f"({message.splitlines()[0][:200]})")
-    # The launcher is already stopping everyone; the rank that failed first says why.
-    return "stopping: lost contact with another rank (its own 'failed' line names the cause)"
+    # Nothing tells which peer went (another host's, with rank 0's store gone too): say what was seen.
+    return f"stopping: lost contact with another rank, which cannot be told ({message.splitlines()[0][:200]})"
 
 
 def stop(what: str, code: int, *, trace: bool = False) -> NoReturn:
@@ -172,6 +172,7 @@ def stop(what: str, code: int, *, trace: bool = False) -> NoReturn:
         pass
     if _life.watchdog is not None:
         _life.watchdog.record(line)  # for the ranks that lose contact with this one
+    _linger_as_store_host()
     _remove_partial_writes()
     if code == 2 and _life.lock is not None:  # a config error: refused before anything was written
         _life.lock.release()
@@ -193,6 +194,15 @@ def _take_the_exit() -> None:
     if not _life.leaving.acquire(blocking=False):
         while True:  # another thread of this process is leaving: it ends the process
             time.sleep(60)
+
+
+def _linger_as_store_host() -> None:
+    """Rank 0 hosts the bridge's store: it stays a moment, so that the other ranks' watchdogs see
+    the peer that failed first go before rank 0 and its store do, and can read that peer's line
+    (and this one's) there (rlft.runtime.watchdog.PeersSeen)."""
+    ctx = _life.ctx
+    if ctx is not None and ctx.roles.rank == 0 and ctx.bridge.world_size > 1:
+        time.sleep(5 * PEER_POLL_S)
 
 
 def _remove_partial_writes() -> None:

@@ -14,6 +14,9 @@ given, when
   this host is stopped or gone is said to be).
 
 `diagnose` says, for any rank that stops because it lost a peer, which peer and what became of it.
+When a rank dies, its peers die after it (they fail, or the launcher stops them), rank 0 with the
+store: so the watchdog notes, every `PEER_POLL_S`, when each peer on this host was first seen gone
+and what it had left in the store, and the peer that went first is the one named.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from typing import Callable
 from rlft.runtime.bridge import FAILURE_KEY, Bridge, beat_key, said_key
 
 POLL_S = 1.0  # how often the launcher is checked
+PEER_POLL_S = 0.1  # how often the peers on this host are checked, once the bridge is up
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _LAUNCH_MODULE = "deepspeed.launcher.launch"  # DeepSpeed's per-node launcher, every rank's parent
 LAUNCH_SCRIPT_ENV = "RLFT_LAUNCH_SCRIPT"  # "HOST:PID" of the launch script, set by launch/_launch.sh
@@ -111,17 +115,27 @@ class Heartbeats:
         self.moved = [now] * bridge.world_size
         self.store_ok = now  # the last time the store answered
         self._failure: str | None = None  # a failure some rank recorded, kept in case the store goes
+        self.store_gone = False  # the connection broke, or rank 0 (the store's host) was seen gone
         self._lock = threading.Lock()  # the watchdog beats, the main thread may ask for the failure
         self._beating: threading.Thread | None = None  # a beat under way (perhaps stuck in the store)
 
     def _store(self):
         """Hold the store connection while the store answers: raises TimeoutError when it has not
         answered for two beats or the connection is busy (with a call that may never return)."""
+        if self.gone():
+            raise ConnectionError("the store is gone")
         if time.monotonic() - self.store_ok > 2 * self.interval + 5:
             raise TimeoutError("the store has not answered lately")
         if not self._lock.acquire(timeout=self.interval):
             raise TimeoutError("the store connection is busy")
-        return _Held(self._lock)
+        return _Held(self._lock, self)
+
+    def gone(self) -> bool:
+        """The store is known to be gone: its host, rank 0, ended (on this host), or a call to it
+        broke.  No call is made to it then: c10d logs every failed one with its C++ stack."""
+        if not self.store_gone and self.bridge.rank != 0 and process_state(**self.bridge.peers[0]) == "gone":
+            self.store_gone = True
+        return self.store_gone
 
     def beat_bounded(self) -> None:
         """`beat` in a thread of its own, waited for at most one interval; while a beat has not
@@ -142,9 +156,11 @@ class Heartbeats:
     def beat(self) -> None:
         """Bump this rank's counter and read everyone's; raises when the store does not answer."""
         keys = [beat_key(r) for r in range(self.bridge.world_size)]
+        if self.gone():
+            raise ConnectionError("the store is gone")
         if not self._lock.acquire(timeout=self.interval):
             raise TimeoutError("the store connection is busy")
-        with _Held(self._lock):
+        with _Held(self._lock, self):
             self.store.add(keys[self.bridge.rank], 1)
             counts = [int(v) for v in self.store.multi_get(keys)]
         self.failure()
@@ -191,16 +207,26 @@ class Heartbeats:
 
 
 class _Held:
-    """Releases an already acquired lock on leaving a `with` block."""
+    """Releases an already acquired lock on leaving a `with` block; a store call that failed
+    because the connection broke marks the store gone."""
 
-    def __init__(self, lock: threading.Lock):
-        self.lock = lock
+    def __init__(self, lock: threading.Lock, beats: Heartbeats):
+        self.lock, self.beats = lock, beats
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, exc, tb):
+        if _broke(exc):
+            self.beats.store_gone = True
         self.lock.release()
+
+
+def _broke(exc: BaseException | None) -> bool:
+    """A store call failed because the connection broke (not for a timeout)."""
+    import torch.distributed as dist
+
+    return isinstance(exc, (dist.DistNetworkError, ConnectionError))
 
 
 def cite(line: str) -> str:
@@ -212,32 +238,28 @@ def cite(line: str) -> str:
 
 
 def diagnose(bridge: Bridge, describe: Callable[[int], str], beats: Heartbeats | None = None,
-             *, silent_after_s: float | None = None) -> str | None:
+             *, silent_after_s: float | None = None, seen: PeersSeen | None = None) -> str | None:
     """What became of the peers, in one phrase naming the rank, or None when nothing is known:
-    a recorded failure first, then peers on this host whose process is stopped or ended without a
-    word, then the line a peer that ended left, then peers not heard of for `silent_after_s` s."""
+    a recorded failure first, then peers on this host whose process is stopped, then the peer that
+    ended first (as `seen` saw them go) and the line it left, then peers not heard of for
+    `silent_after_s` s."""
     failure = beats.failure() if beats is not None else None
     if failure is None and bridge.rank == 0:
         failure = bridge.failure()  # the store is this process's own
+    if failure is None and seen is not None:
+        failure = seen.failure
     if failure is not None:
         return cite(failure)
     others = [r for r in range(bridge.world_size) if r != bridge.rank]
     states = {r: process_state(**bridge.peers[r]) for r in others}
-    for r in others:  # the root causes first: a stopped process, one that ended without a word
+    for r in others:  # the root causes first: a stopped process, one that ended
         if states[r] == "stopped":
             quiet = f", silent for {beats.silence(r):.0f} s" if beats is not None else ""
             pid = bridge.peers[r]["pid"]
             return f"{describe(r)} is not answering: its process (pid {pid}) is stopped{quiet}"
-    said = {r: beats.said(r) if beats is not None else None for r in others if states[r] == "gone"}
-    for r in said:
-        if said[r] == "":
-            return (f"{describe(r)} is gone: its process (pid {bridge.peers[r]['pid']}) ended without a "
-                    f"message (killed?)")
-    for r in said:
-        if said[r]:
-            return cite(said[r])
-    for r in said:  # the store went with it: whatever it said is on its own line
-        return f"{describe(r)} is gone: its process (pid {bridge.peers[r]['pid']}) ended (its own line says why)"
+    gone = [r for r in others if states[r] == "gone"]
+    if gone:
+        return _first_gone(bridge, describe, beats, seen, gone)
     if beats is not None:
         limit = silent_after_s if silent_after_s is not None else 3 * beats.interval + 5
         silent = sorted(others, key=beats.silence, reverse=True)
@@ -246,6 +268,59 @@ def diagnose(bridge: Bridge, describe: Callable[[int], str], beats: Heartbeats |
             where = f" on {bridge.peers[r]['host']}" if states[r] is None else ""
             return f"{describe(r)}{where} is not answering: silent for {beats.silence(r):.0f} s"
     return None
+
+
+def _first_gone(bridge: Bridge, describe: Callable[[int], str], beats: Heartbeats | None,
+                seen: PeersSeen | None, gone: list[int]) -> str:
+    """Of the peers whose process ended, the one that ended first, and what it left in the store
+    ("" nothing: killed?).  The others most likely stopped because of it (rank 0 took the store
+    with it).  Peers seen going in the same check are told apart by what they left; when nothing
+    tells them apart, all of them are named."""
+    when = seen.gone_at if seen is not None else {}
+    first = min(when.get(r, float("inf")) for r in gone)
+    firsts = [r for r in gone if when.get(r, float("inf")) == first]
+    said = {}
+    for r in firsts:
+        said[r] = seen.said.get(r) if seen is not None else None
+        if said[r] is None and beats is not None:
+            said[r] = beats.said(r)
+    pid = {r: bridge.peers[r]["pid"] for r in firsts}
+    for r in firsts:
+        if said[r] == "":
+            return f"{describe(r)} is gone: its process (pid {pid[r]}) ended without a message (killed?)"
+    for r in firsts:
+        if said[r]:
+            return cite(said[r])
+    if len(firsts) == 1:
+        (r,) = firsts
+        if r == 0:
+            return (f"{describe(r)} is gone: its process (pid {pid[r]}) ended, and the store it hosted with it, "
+                    f"so whether it left a message cannot be told (killed?)")
+        return (f"{describe(r)} is gone: its process (pid {pid[r]}) ended, and whether it left a message cannot "
+                f"be told (the store, rank 0's, does not answer)")
+    names = " and ".join(f"{describe(r)} (pid {pid[r]})" for r in firsts)
+    return f"{names} are gone: their processes ended together, and which went first cannot be told"
+
+
+class PeersSeen:
+    """When each peer on this host was first seen gone, and what it had left in the store then
+    (while the store, rank 0's, may still answer); the failure some rank recorded, once seen."""
+
+    def __init__(self):
+        self.gone_at: dict[int, float] = {}
+        self.said: dict[int, str | None] = {}
+        self.failure: str | None = None
+
+    def check(self, bridge: Bridge, beats: Heartbeats | None) -> None:
+        now = time.monotonic()
+        newly = [r for r in range(bridge.world_size)
+                 if r != bridge.rank and r not in self.gone_at and process_state(**bridge.peers[r]) == "gone"]
+        for r in newly:
+            self.gone_at[r] = now
+        if newly and beats is not None:
+            self.failure = self.failure or beats.failure()
+            for r in newly:
+                self.said[r] = beats.said(r)
 
 
 class Watchdog:
@@ -259,6 +334,7 @@ class Watchdog:
         self.bridge: Bridge | None = None
         self.describe: Callable[[int], str] = lambda r: f"rank {r}"
         self.beats: Heartbeats | None = None
+        self.seen = PeersSeen()
         self._peers_ready = threading.Event()
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._wfd, False)
@@ -284,7 +360,7 @@ class Watchdog:
         gone = self.launcher_gone()
         if gone or self.bridge is None:
             return gone
-        return diagnose(self.bridge, self.describe, self.beats)
+        return diagnose(self.bridge, self.describe, self.beats, seen=self.seen)
 
     def launcher_gone(self) -> str | None:
         for pid, started, what in self.launcher:
@@ -299,15 +375,20 @@ class Watchdog:
     # ------------------------------------------------------------ the thread
 
     def _run(self) -> None:
-        next_beat = 0.0
+        next_beat = next_launcher = 0.0
         while True:
-            ready, _, _ = select.select([self._rfd], [], [], POLL_S)
+            watching = self._peers_ready.is_set()
+            ready, _, _ = select.select([self._rfd], [], [], PEER_POLL_S if watching else POLL_S)
             if ready:
                 for signum in os.read(self._rfd, 64):
                     if signum in self._saved:
                         self._signalled(signum)
-            self._check_launcher()
-            if self._peers_ready.is_set() and time.monotonic() >= next_beat:
+            if time.monotonic() >= next_launcher:
+                self._check_launcher()
+                next_launcher = time.monotonic() + POLL_S
+            if watching:
+                self.seen.check(self.bridge, self.beats)
+            if watching and time.monotonic() >= next_beat:
                 self._check_peers()
                 next_beat = time.monotonic() + (self.beats.interval if self.beats else POLL_S)
 
@@ -329,7 +410,7 @@ class Watchdog:
         limit = bridge.op_timeout.total_seconds()
         for r in range(bridge.world_size):
             if r != bridge.rank and self.beats.silence(r) > limit:
-                why = diagnose(bridge, self.describe, self.beats, silent_after_s=limit) or (
+                why = diagnose(bridge, self.describe, self.beats, silent_after_s=limit, seen=self.seen) or (
                     f"{self.describe(r)} is not answering: silent for {self.beats.silence(r):.0f} s")
                 self.stop(f"{why} (the bound is topology.collective_timeout_minutes)", 1)
 
