@@ -190,3 +190,61 @@ def test_a_resumed_optimizer_takes_the_configs_learning_rate_and_schedule():
     sched2.step()  # the schedule goes on from the config's rate and length
     assert opt2.param_groups[0]["lr"] == pytest.approx(1e-3 * lr_lambda(new)(5))
     assert sched2.get_last_lr() == [opt2.param_groups[0]["lr"]]
+
+
+# ------------------------------------------------------------------ LoRA settings on resume
+
+LORA = ["model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=16",
+        "model.lora.target_modules=[q_proj,v_proj]", "model.lora.dropout=0.0"]
+
+
+def lora_checkpoint(tmp_path: Path, *saved_overrides: str) -> tuple[Path, Path]:
+    out = tmp_path / "out"
+    saved = build_config({}, [*ALONE, f"output.dir={out}", *saved_overrides])
+    from rlft.runtime.resume_rules import run_settings
+
+    return out, write_checkpoint(out, 4, {"settings": run_settings(saved)}, [])
+
+
+def test_resuming_with_other_lora_shapes_is_refused_with_the_list(tmp_path):
+    from rlft.config import ConfigError
+
+    out, ck = lora_checkpoint(tmp_path, *LORA)
+    changed = build_config({}, [*ALONE, f"output.dir={out}", *LORA, "model.lora.rank=8", "model.lora.alpha=32",
+                                "model.lora.target_modules=[q_proj,k_proj,v_proj]"])
+    with pytest.raises(ConfigError) as e:
+        checkpoint.resume_point(changed)
+    assert str(e.value) == (
+        f"output.resume: {ck} was trained with other settings, which cannot change when a run resumes: "
+        f"model.lora.rank 4 -> 8; model.lora.alpha 16.0 -> 32.0; model.lora.target_modules "
+        f"['q_proj', 'v_proj'] -> ['k_proj', 'q_proj', 'v_proj']. Launch with the checkpoint's settings, "
+        f"or start afresh in another output.dir")
+    # The weights-only resume too: its adapters have the checkpoint's shapes.
+    with pytest.raises(ConfigError, match="model.lora.rank 4 -> 8"):
+        checkpoint.resume_point(build_config({}, [*ALONE, f"output.dir={out}", *LORA, "model.lora.rank=8",
+                                                  "output.resume_weights_only=true"]))
+
+
+def test_turning_lora_on_or_off_on_resume_is_refused(tmp_path):
+    from rlft.config import ConfigError
+
+    out, ck = lora_checkpoint(tmp_path / "lora", *LORA)
+    with pytest.raises(ConfigError) as e:
+        checkpoint.resume_point(build_config({}, [*ALONE, f"output.dir={out}"]))
+    assert ": model.lora.enabled True -> False; model.lora.rank 4 -> None; model.lora.alpha 16.0 -> None; " \
+           "model.lora.target_modules ['q_proj', 'v_proj'] -> None. " in str(e.value)
+    out, ck = lora_checkpoint(tmp_path / "full")
+    with pytest.raises(ConfigError) as e:
+        checkpoint.resume_point(build_config({}, [*ALONE, f"output.dir={out}", *LORA]))
+    assert ": model.lora.enabled False -> True; model.lora.rank None -> 4; " in str(e.value)
+
+
+def test_lora_settings_that_leave_the_saved_state_as_it_is_may_change(tmp_path):
+    out, ck = lora_checkpoint(tmp_path / "lora", *LORA)
+    # Dropout has no parameters and is not in the merged weights; the target modules' order means nothing.
+    same = build_config({}, [*ALONE, f"output.dir={out}", *LORA, "model.lora.dropout=0.1",
+                             "model.lora.target_modules=[v_proj,q_proj]"])
+    assert checkpoint.resume_point(same) == (ck, False)
+    # Without LoRA, its (unused) shape settings may change.
+    out, ck = lora_checkpoint(tmp_path / "full")
+    assert checkpoint.resume_point(build_config({}, [*ALONE, f"output.dir={out}", "model.lora.rank=8"])) == (ck, False)

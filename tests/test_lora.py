@@ -1,7 +1,7 @@
 """LoRA policies (rlft.pipeline.lora): peft's adapters inside the pipeline stages.
 
 The pipeline runs under the real ``deepspeed`` launcher (CPU, gloo; tests/pipeline_check.py) with
-1, 2 and 3 stages; its log-probs, adapter gradients, merged export and base-model (adapters off)
+1 and 3 stages (all-in-one; first, middle and last); its log-probs, adapter gradients, merged export and base-model (adapters off)
 log-probs are compared with the same peft model outside the pipeline (fp32, <= 1e-5).
 """
 
@@ -32,8 +32,7 @@ CASES = {  # name -> (config factory, attention, settings)
 # activation checkpointing: the frozen embedding's output carries no gradient into the first layer
 CASES["llama_tied_all_ckpt"] = CASES["llama_tied_all"]
 CHECKPOINTED = {"llama_tied_all_ckpt"}
-LAUNCHES = {1: ["qwen2_untied_qv"], 2: ["llama_tied_all", "qwen2_untied_qv", "llama_tied_all_ckpt"],
-            3: ["llama_tied_all"]}
+LAUNCHES = {1: ["llama_tied_all", "qwen2_untied_qv"], 3: ["llama_tied_all", "qwen2_untied_qv", "llama_tied_all_ckpt"]}
 LAUNCHED = [(n, name) for n, names in LAUNCHES.items() for name in names]
 SEED = 7
 
@@ -202,19 +201,19 @@ def test_export_is_the_merged_model(launches, models, num_stages, name):
             assert torch.equal(value, base.state_dict()[key])
 
 
-@pytest.mark.parametrize("name", LAUNCHES[3])
+@pytest.mark.parametrize("name", LAUNCHES[1])
 def test_initial_adapters_do_not_depend_on_the_stage_split(launches, models, name):
-    two = merged(stage_results(launches, 2, name), "initial_adapter")
+    one = merged(stage_results(launches, 1, name), "initial_adapter")
     three = merged(stage_results(launches, 3, name), "initial_adapter")
-    assert two.keys() == three.keys() and two
-    for key in two:
-        assert torch.equal(two[key], three[key]), key
+    assert one.keys() == three.keys() and one
+    for key in one:
+        assert torch.equal(one[key], three[key]), key
         if ".lora_B." in key:  # peft's initialisation: B = 0, so training starts at the base model
-            assert not two[key].any()
+            assert not one[key].any()
         else:
-            assert two[key].abs().max() > 0
+            assert one[key].abs().max() > 0
     _, base, _, _ = models[name]
-    export = merged(stage_results(launches, 2, name), "initial_export")
+    export = merged(stage_results(launches, 3, name), "initial_export")
     for key, value in export.items():
         assert torch.equal(value, base.state_dict()[key]), key
 
@@ -222,7 +221,7 @@ def test_initial_adapters_do_not_depend_on_the_stage_split(launches, models, nam
 def test_saved_adapter_opens_with_peft(launches, models, tmp_path):
     name = "llama_tied_all"
     base_dir, base, peft_model, _ = models[name]
-    results = stage_results(launches, 2, name)
+    results = stage_results(launches, 3, name)
     # the pipeline's adapter names are peft's own
     loaded = {n.replace(".default.", "."): p.detach() for n, p in peft_model.named_parameters() if ".lora_" in n}
     assert merged(results, "initial_adapter").keys() == loaded.keys()

@@ -1,7 +1,7 @@
 """What a resumed run may change, and which output directories a fresh run may use.
 
-* Settings a checkpoint's state depends on (the data position, the tokenizer, the random streams)
-  cannot change on resume: a checkpoint records them (`run_settings`) and a launch that resumes it
+* Settings a checkpoint's state depends on (the data position, the tokenizer, the random streams,
+  the LoRA adapters' presence, shapes and scaling) cannot change on resume: a checkpoint records them (`run_settings`) and a launch that resumes it
   with others is refused with the list of what differs (`check_settings_unchanged`).
 * Every other setting applies from the launch's config; the optimizer's hyperparameters, which
   loading DeepSpeed's state would bring back from the checkpoint, are set again from it
@@ -19,7 +19,13 @@ from rlft.config import ConfigError
 FIXED_ON_RESUME = (
     "seed", "model.path", "output.init_checkpoint", "data.source", "data.train_split", "data.train_size",
     "data.shuffle", "data.prompt_template", "grpo.group_size", "optim.rollout_batch_size",
+    # LoRA: whether the saved policy is adapters on a frozen base, their shapes (rank, the projections
+    # they sit on) and what they mean (the merged delta is B A * alpha / rank). model.lora.dropout may
+    # change: it has no parameters, does not enter the merged weights, and only perturbs training
+    # forward passes, as a learning rate would; a resumed run uses the config's.
+    "model.lora.enabled", "model.lora.rank", "model.lora.alpha", "model.lora.target_modules",
 )
+LORA_SHAPE = ("model.lora.rank", "model.lora.alpha", "model.lora.target_modules")
 
 
 def _get(tree: dict, dotted: str):
@@ -29,9 +35,16 @@ def _get(tree: dict, dotted: str):
 
 
 def run_settings(cfg) -> dict:
-    """The settings in `FIXED_ON_RESUME`, by dotted key, as a checkpoint records them."""
+    """The settings in `FIXED_ON_RESUME`, by dotted key, as a checkpoint records them. Without LoRA its
+    shape settings mean nothing and are recorded as None; the target modules as a sorted list (their
+    order does not matter)."""
     tree = cfg.to_dict()
-    return {key: _get(tree, key) for key in FIXED_ON_RESUME}
+    settings = {key: _get(tree, key) for key in FIXED_ON_RESUME}
+    if not settings["model.lora.enabled"]:
+        settings.update(dict.fromkeys(LORA_SHAPE))
+    else:
+        settings["model.lora.target_modules"] = sorted(settings["model.lora.target_modules"])
+    return settings
 
 
 def check_settings_unchanged(saved: dict | None, cfg, ckpt: Path) -> None:
