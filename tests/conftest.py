@@ -83,3 +83,10 @@ def taught_sums(root: Path, *, teach_steps: int, test_size: int) -> tuple[Path, 
 def gsm8k_dir() -> Path:
     """The committed GSM8K fixture: a directory holding train.jsonl and test.jsonl."""
     return GSM8K_FIXTURE
+
+
+@pytest.fixture(scope="session")
+def taught_sums_dirs(tmp_path_factory) -> tuple[Path, Path]:
+    """`taught_sums` with 100 teaching steps and 4 test questions, built once per session for every
+    module that runs on it: (model directory, data directory), to read only."""
+    return taught_sums(tmp_path_factory.mktemp("taught"), teach_steps=100, test_size=4)
