@@ -33,7 +33,9 @@ def launch_env() -> dict[str, str]:
 def run_pipeline_checks(root: Path, batches: dict, launches: dict[int, list[dict]]) -> dict[int, Path]:
     """One ``deepspeed --num_gpus N tests/pipeline_check.py`` launch per entry of ``launches``
     (num_stages -> its cases), all reading ``batches``; returns num_stages -> the launch's out
-    directory. A failed launch fails the calling test (fixture) with the launcher's output."""
+    directory.  The launches run side by side (each spends much of its time in one process
+    importing torch and deepspeed, while other cores idle).  A failed launch fails the calling
+    test (fixture) with the launcher's output."""
     import torch
 
     from rlft.common import free_port
@@ -42,17 +44,37 @@ def run_pipeline_checks(root: Path, batches: dict, launches: dict[int, list[dict
     data = root / "batches.pt"
     torch.save(batches, data)
     env = launch_env()
-    results = {}
+    running, ports = {}, set()
     for num_stages, cases in launches.items():
         spec, out = root / f"spec{num_stages}.json", root / f"out{num_stages}"
         spec.write_text(json.dumps({"data": str(data), "out": str(out), "cases": cases}))
+        port = free_port()
+        while port in ports:
+            port = free_port()
+        ports.add(port)
         cmd = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(num_stages),
-               "--master_port", str(free_port()), str(CHECK_SCRIPT), "--spec", str(spec)]
-        proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=600)
+               "--master_port", str(port), str(CHECK_SCRIPT), "--spec", str(spec)]
+        logs = (open(root / f"launch{num_stages}.out", "w+"), open(root / f"launch{num_stages}.err", "w+"))
+        running[num_stages] = (subprocess.Popen(cmd, env=env, cwd=root, stdout=logs[0], stderr=logs[1], text=True),
+                               logs, out)
+    results, failures = {}, []
+    for num_stages, (proc, logs, out) in running.items():
+        try:
+            proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for log in logs:
+            log.seek(0)
+        stdout, stderr = (log.read() for log in logs)
+        for log in logs:
+            log.close()
         if proc.returncode != 0:
-            pytest.fail(f"deepspeed launch with {num_stages} stages failed:\n{proc.stdout[-6000:]}\n"
-                        f"{proc.stderr[-6000:]}")
+            failures.append(f"deepspeed launch with {num_stages} stages failed ({proc.returncode}):\n"
+                            f"{stdout[-6000:]}\n{stderr[-6000:]}")
         results[num_stages] = out
+    if failures:
+        pytest.fail("\n".join(failures))
     return results
 
 
