@@ -13,10 +13,13 @@ GSM8K_FIXTURE = REPO / "tests" / "fixtures" / "gsm8k"
 
 
 def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list[str], *, steps: int = 100,
-                        lr: float = 3e-3, seed: int = 0, output: str = " </think> <answer> {} </answer>") -> None:
+                        lr: float = 3e-3, seed: int = 0, output: str = " </think> <answer> {} </answer>",
+                        head_on_outputs_only: bool = False) -> None:
     """Fit a tiny model (in place) to answer every prompt with `output` (by default
     ` </think> <answer> A </answer>`), where A is drawn from `answers` with equal weight: sampling then
-    gives a mix of right and wrong answers in the right format."""
+    gives a mix of right and wrong answers in the right format.  `head_on_outputs_only`: the same loss,
+    with the output head applied at the output's positions only (for a large vocabulary, where the
+    head over the prompt's positions costs most of each step)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -34,8 +37,16 @@ def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     mask = batch.response_mask
     for _ in range(steps):
-        logp = sequence_logprobs(model, batch.input_ids, batch.attention_mask)
-        loss = -(logp * mask).sum() / mask.sum()
+        if head_on_outputs_only:
+            position_ids = (batch.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            hidden = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                 position_ids=position_ids, use_cache=False).last_hidden_state[:, :-1]
+            logits = model.lm_head(hidden[mask.bool()]).float()
+            logp = torch.log_softmax(logits, -1).gather(-1, batch.input_ids[:, 1:][mask.bool()][:, None]).squeeze(-1)
+            loss = -(logp * mask[mask.bool()]).sum() / mask.sum()
+        else:
+            logp = sequence_logprobs(model, batch.input_ids, batch.attention_mask)
+            loss = -(logp * mask).sum() / mask.sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -72,3 +83,10 @@ def taught_sums(root: Path, *, teach_steps: int, test_size: int) -> tuple[Path, 
 def gsm8k_dir() -> Path:
     """The committed GSM8K fixture: a directory holding train.jsonl and test.jsonl."""
     return GSM8K_FIXTURE
+
+
+@pytest.fixture(scope="session")
+def taught_sums_dirs(tmp_path_factory) -> tuple[Path, Path]:
+    """`taught_sums` with 100 teaching steps and 4 test questions, built once per session for every
+    module that runs on it: (model directory, data directory), to read only."""
+    return taught_sums(tmp_path_factory.mktemp("taught"), teach_steps=100, test_size=4)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,7 @@ def chat_run(tmp_path_factory):
     # a 151,936-token vocabulary makes every taught sequence costly): rollouts mix right and wrong
     # answers, nearly all well-formed.
     teach_answer_format(model, [prompt.render(q, tok) for q in QUESTIONS[:3]], ["5", "7"], steps=40,
-                        output="So the answer is \\boxed{{{}}}.")
+                        output="So the answer is \\boxed{{{}}}.", head_on_outputs_only=True)
     data = write_gsm8k_dir(root / "gsm8k", {"train": [(q, "5" if i % 2 else "7") for i, q in enumerate(QUESTIONS)],
                                             "test": [(q, "5") for q in QUESTIONS[:4]]})
     out = root / "run"
@@ -72,27 +71,39 @@ def test_final_evaluation_used_the_chat_prompt(chat_run):
     assert summary["accuracy"] == pytest.approx(sum(r["answer_reward"] for r in records) / 4)
 
 
-def test_rlft_evaluate_takes_the_prompt_and_format_from_a_config(chat_run, tmp_path):
+def evaluate_in_process(argv: list[str], monkeypatch, capsys) -> tuple[int, str]:
+    """`python -m rlft.evaluate ARGV` run in this process (the interpreter has torch and transformers
+    loaded already): (exit status, stderr).  The environment defaults it sets for vLLM are undone after."""
+    from rlft import evaluate
+
+    for name in ("VLLM_WORKER_MULTIPROC_METHOD", "VLLM_LOGGING_STREAM", "VLLM_LOGGING_LEVEL"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+        if not os.environ[name]:
+            monkeypatch.delenv(name)
+    capsys.readouterr()
+    status = evaluate.main(argv)
+    return status, capsys.readouterr().err
+
+
+def test_rlft_evaluate_takes_the_prompt_and_format_from_a_config(chat_run, tmp_path, monkeypatch, capsys):
     out = tmp_path / "eval"
-    proc = subprocess.run([sys.executable, "-m", "rlft.evaluate", "--model", str(chat_run["out"] / "model"),
-                           "--data", f"{chat_run['data']}:test", "--config", str(chat_run["out"] / "config.yaml"),
-                           "--backend", "hf", "--max-tokens", "12", "--no-progress", "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    status, err = evaluate_in_process(["--model", str(chat_run["out"] / "model"), "--data", f"{chat_run['data']}:test",
+                                       "--config", str(chat_run["out"] / "config.yaml"), "--backend", "hf",
+                                       "--max-tokens", "12", "--no-progress", "--out", str(out)], monkeypatch, capsys)
+    assert status == 0, err[-4000:]
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["prompt_template"], summary["answer_format"], summary["num_examples"]) == ("chat", "boxed", 4)
     final = json.loads((chat_run["out"] / "eval" / "step_000002" / "summary.json").read_text())
     assert summary["accuracy"] == final["accuracy"] and summary["format_rate"] == 1.0  # same model, greedy
 
 
-def test_a_chat_prompt_without_a_chat_template_is_one_line_at_start(tmp_path):
+def test_a_chat_prompt_without_a_chat_template_is_one_line_at_start(tmp_path, monkeypatch, capsys):
     from conftest import GSM8K_FIXTURE
     from tiny_models import tiny_model_dir
 
     model = tiny_model_dir(tmp_path / "base", num_layers=2)  # the tiny tokenizer has no chat template
-    proc = subprocess.run([sys.executable, "-m", "rlft.evaluate", "--model", model, "--data",
-                           f"{GSM8K_FIXTURE}:test", "--prompt-template", "chat", "--backend", "hf", "--num-examples", "2"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("rlft.evaluate: error:")]
-    assert len(errors) == 1 and "needs a tokenizer with a chat template" in errors[0], proc.stderr[-2000:]
+    status, err = evaluate_in_process(["--model", model, "--data", f"{GSM8K_FIXTURE}:test", "--prompt-template", "chat",
+                                       "--backend", "hf", "--num-examples", "2"], monkeypatch, capsys)
+    assert status == 2
+    errors = [line for line in err.splitlines() if line.startswith("rlft.evaluate: error:")]
+    assert len(errors) == 1 and "needs a tokenizer with a chat template" in errors[0], err[-2000:]

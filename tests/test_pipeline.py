@@ -8,11 +8,6 @@ here with the plain HF model holding the same weights.
 
 import copy
 import functools
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,12 +15,10 @@ from deepspeed.pipe import TiedLayerSpec
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, GemmaConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-from rlft.common import free_port
+from launching import CHECK_SCRIPT, REPO, run_pipeline_checks, stage_results  # noqa: F401 (test_lora reads them here)
 from rlft.pipeline import (pipeline_batch_iter, policy_layer_specs, position_ids_from_mask, stage_layer_range,
                            valid_stage_counts)
 
-REPO = Path(__file__).resolve().parents[1]
-CHECK_SCRIPT = REPO / "tests" / "pipeline_check.py"
 NUM_LAYERS = 5  # 2 stages: 3+2 layers; 3 stages: 2+2+1
 TOL = 1e-5
 
@@ -249,35 +242,13 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def launches(models, tmp_path_factory):
     """num_stages -> out dir of one ``deepspeed --num_gpus num_stages`` run over its cases."""
-    root = tmp_path_factory.mktemp("launch")
-    data = root / "batches.pt"
-    torch.save(BATCHES, data)
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
-           "TORCH_EXTENSIONS_DIR": os.path.expanduser("~/.cache/rlft/torch_extensions")}
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    results = {}
-    for num_stages, names in LAUNCHES.items():
-        cases = []
-        for name in names:
-            load_from = "state_dict" if CASES[name][3] == "state_dict" else "dir"
-            cases.append({"name": name, "model_dir": str(models[name][0]), "load_from": load_from,
-                          "attn_implementation": CASES[name][1], "micro_batch_size": MICRO_BATCH,
-                          "gradient_accumulation_steps": GAS, "activation_checkpoint_interval": CASES[name][2]})
-        spec = root / f"spec{num_stages}.json"
-        out = root / f"out{num_stages}"
-        spec.write_text(json.dumps({"data": str(data), "out": str(out), "cases": cases}))
-        cmd = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(num_stages),
-               "--master_port", str(free_port()), str(CHECK_SCRIPT), "--spec", str(spec)]
-        proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            pytest.fail(f"deepspeed launch with {num_stages} stages failed:\n{proc.stdout[-6000:]}\n"
-                        f"{proc.stderr[-6000:]}")
-        results[num_stages] = out
-    return results
-
-
-def stage_results(launches, num_stages, name):
-    return [torch.load(launches[num_stages] / name / f"stage{s}.pt") for s in range(num_stages)]
+    def case(name):
+        return {"name": name, "model_dir": str(models[name][0]),
+                "load_from": "state_dict" if CASES[name][3] == "state_dict" else "dir",
+                "attn_implementation": CASES[name][1], "micro_batch_size": MICRO_BATCH,
+                "gradient_accumulation_steps": GAS, "activation_checkpoint_interval": CASES[name][2]}
+    return run_pipeline_checks(tmp_path_factory.mktemp("launch"), BATCHES,
+                               {num_stages: [case(name) for name in names] for num_stages, names in LAUNCHES.items()})
 
 
 LAUNCHED = [(n, name) for n, names in LAUNCHES.items() for name in names]

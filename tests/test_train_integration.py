@@ -31,11 +31,9 @@ def read_steps(out: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def taught(tmp_path_factory):
+def taught(taught_sums_dirs):
     """(model, data) of the runs here: the tiny model taught the sums, and their questions."""
-    from conftest import taught_sums
-
-    return taught_sums(tmp_path_factory.mktemp("taught"), teach_steps=100, test_size=4)
+    return taught_sums_dirs
 
 
 @pytest.fixture(scope="module")
