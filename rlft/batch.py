@@ -253,6 +253,7 @@ def tokenize_prompt_and_output(
     tokenizer: Any,
     padding_side: str = "right",
     pad_to_multiple_of: Optional[int] = None,
+    append_eos: bool = False,
 ) -> RolloutBatch:
     """Tokenise prompts and outputs separately and build the batch (the SFT path).
 
@@ -266,6 +267,8 @@ def tokenize_prompt_and_output(
         prompt_strs, output_strs: B strings each.
         tokenizer: a Hugging Face tokenizer (callable on a list of strings).
         padding_side, pad_to_multiple_of: as in :func:`build_rollout_batch`.
+        append_eos: each output ends with the tokenizer's eos token (a chat model's end-of-turn), in
+            the response mask, so the model learns to stop there; the other eos ids stay out.
 
     Returns:
         The batch of :func:`build_rollout_batch`.
@@ -286,12 +289,20 @@ def tokenize_prompt_and_output(
         [tok for tok, keep in zip(ids, mask) if keep]
         for ids, mask in zip(prompt_enc["input_ids"], prompt_enc["attention_mask"])
     ]
+    output_ids = output_enc["input_ids"]
+    special = {"eos_token_id": tokenizer.eos_token_id, "bos_token_id": tokenizer.bos_token_id}
+    if append_eos:
+        if tokenizer.eos_token_id is None:
+            raise ValueError("append_eos: the tokenizer has no eos token to end the outputs with")
+        output_ids = [list(ids) + [tokenizer.eos_token_id] for ids in output_ids]
+        # The appended eos is a target, also where bos has the same id; outputs tokenised without
+        # special tokens hold no other eos or bos.
+        special = {}
     return build_rollout_batch(
         prompt_ids,
-        output_enc["input_ids"],
+        output_ids,
         pad_token_id=pad_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
+        **special,
         padding_side=padding_side,
         pad_to_multiple_of=pad_to_multiple_of,
     )

@@ -281,6 +281,9 @@ class SFTConfig:
     max_steps: int | None = None  # set: exactly this many steps, whatever epochs says
     max_seq_len: int = 1024  # prompt + target tokens; longer examples are skipped and counted
     train_size: int | None = None  # the first N rows of the train split (None = all of it)
+    # Each target ends with the tokenizer's eos (a chat model's end-of-turn), trained: the model learns to
+    # stop after its answer.  false = the original's targets, which end at the answer's last character.
+    end_with_eos: bool = True
 
 
 @dataclass

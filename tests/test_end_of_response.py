@@ -61,3 +61,43 @@ def test_the_grpo_clip_loss_reaches_the_eos_log_prob_with_the_responses_advantag
                                                 old_log_probs=logp.detach(), cliprange=0.2)
     aggregate_loss(per_token, off.response_mask, "sequence").backward()
     assert logp.grad[0, 3].item() == 0.0  # the original's mask: stopping is never rewarded
+
+
+# ------------------------------------------------------------------ SFT: each target ends with the eos
+
+QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
+SOLUTION = "He has 3 + 4 = 7 apples.\n#### 7"
+
+
+def test_a_chat_sft_target_ends_with_the_end_of_turn_token_and_trains_it():
+    from transformers import AutoTokenizer
+
+    from rlft.data import Example
+    from rlft.prompts import Prompt
+    from rlft.roles.sft_data import build_sft_data, sft_batch
+    from tiny_models import qwen_tokenizer_dir
+
+    qwen = AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
+    assert qwen.eos_token == "<|im_end|>"  # Qwen2.5's chat tokenizer: eos is the end of a turn
+    example = Example(index=0, question=QUESTION, ground_truth="7", source="test", solution=SOLUTION)
+    prompt = Prompt("chat", answer_format="boxed")
+    with_eos = build_sft_data([example], qwen, template=prompt, end_with_eos=True)
+    without = build_sft_data([example], qwen, template=prompt)
+    assert with_eos.num_tokens == [without.num_tokens[0] + 1]
+    batch = sft_batch(with_eos, [0], qwen, end_with_eos=True)
+    target = qwen(with_eos.targets[0], add_special_tokens=False)["input_ids"]
+    ids = batch.input_ids[0].tolist()
+    assert ids[-len(target) - 1:] == target + [qwen.eos_token_id]
+    # The mask covers the target and its end-of-turn (label column t scores token t+1) and nothing else.
+    mask = batch.response_mask[0]
+    assert mask.sum().item() == len(target) + 1 and mask[-1].item() == 1.0
+    original = sft_batch(without, [0], qwen)
+    assert original.response_mask[0].sum().item() == len(target)
+    assert original.input_ids[0].tolist()[-1] != qwen.eos_token_id
+
+
+def test_sft_end_with_eos_is_the_default():
+    from rlft.config import build_config
+
+    assert build_config({}).sft.end_with_eos is True
+    assert build_config({}).grpo.train_on_eos is True

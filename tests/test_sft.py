@@ -234,14 +234,15 @@ def test_sft_with_no_usable_example_stops_every_rank_with_one_config_error(tmp_p
 
 
 def _slice_pairs(tokenizer, gsm8k_dir):
-    """The run's training pairs, rebuilt here: the first 10 train rows, those within 450 tokens."""
+    """The run's training pairs, rebuilt here: the first 10 train rows, those within 450 tokens (each
+    target ending with the eos, `sft.end_with_eos`'s default)."""
     rows = load_examples(str(gsm8k_dir), "train", size=TINY_SFT.train_size).examples
-    return rows, build_sft_data(rows, tokenizer, max_seq_len=TINY_SFT.max_seq_len)
+    return rows, build_sft_data(rows, tokenizer, max_seq_len=TINY_SFT.max_seq_len, end_with_eos=True)
 
 
 def _response_nll(model, tokenizer, data, indices) -> float:
     """Token-mean NLL of the target tokens of `indices`, computed with plain transformers."""
-    batch = sft_batch(data, indices, tokenizer)
+    batch = sft_batch(data, indices, tokenizer, end_with_eos=True)
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.float()
     logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
@@ -255,7 +256,7 @@ def test_sft_run_skips_long_rows_and_lowers_the_loss(sft_run, tokenizer, tiny_mo
     out, logs = sft_run
     rows, data = _slice_pairs(tokenizer, gsm8k_dir)
     # The skipped count, worked out independently: rows longer than 450 tokens with the template.
-    too_long = sum(_n_tokens(tokenizer, format_prompt(r.question), format_sft_target(r.solution))
+    too_long = sum(_n_tokens(tokenizer, format_prompt(r.question), format_sft_target(r.solution)) + 1  # + eos
                    > TINY_SFT.max_seq_len for r in rows)
     assert (len(data), too_long) == (6, 4)
     assert "6 pairs from" in logs and "too_long=4" in logs and "2 steps per epoch, 6 steps" in logs
@@ -272,7 +273,7 @@ def test_sft_run_skips_long_rows_and_lowers_the_loss(sft_run, tokenizer, tiny_mo
     init = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     assert by_step[1]["loss"] == pytest.approx(_response_nll(init, tokenizer, data, first), rel=1e-4)
     assert by_step[1]["tokens/response"] == sum(len(tokenizer(data.targets[i], add_special_tokens=False)
-                                                    ["input_ids"]) for i in first)
+                                                    ["input_ids"]) + 1 for i in first)  # + each target's eos
     # Each epoch covers the same 6 pairs: the third epoch's loss is well below the first's.
     epoch1 = (by_step[1]["loss"] + by_step[2]["loss"]) / 2
     epoch3 = (by_step[5]["loss"] + by_step[6]["loss"]) / 2

@@ -35,12 +35,12 @@ class SFTData:
 
 
 def build_sft_data(examples, tokenizer, *, template: str | Prompt = "r1_zero", max_seq_len: int = 1024,
-                   chunk_size: int = 1024) -> SFTData:
+                   chunk_size: int = 1024, end_with_eos: bool = False) -> SFTData:
     """Rewrite `rlft.data.Example`s into SFT pairs, dropping (and counting) unusable ones.
 
     Token counts are those `rlft.batch.tokenize_prompt_and_output` will produce: the prompt
     tokenised with the tokenizer's special tokens (only what its attention mask keeps), the target
-    without.  A pair is kept when prompt + target tokens <= `max_seq_len`.
+    without, plus its eos with `end_with_eos`.  A pair is kept when prompt + target tokens <= `max_seq_len`.
     """
     prompt = template if isinstance(template, Prompt) else Prompt(template)
     skipped: Counter = Counter()
@@ -57,7 +57,7 @@ def build_sft_data(examples, tokenizer, *, template: str | Prompt = "r1_zero", m
         p_enc = tokenizer(list(prompts))
         t_enc = tokenizer(list(targets), add_special_tokens=False)
         for prompt, target, mask, t_ids in zip(prompts, targets, p_enc["attention_mask"], t_enc["input_ids"]):
-            n = int(sum(mask)) + len(t_ids)
+            n = int(sum(mask)) + len(t_ids) + int(end_with_eos)
             if n > max_seq_len:
                 skipped[SKIP_TOO_LONG] += 1
                 continue
@@ -68,11 +68,13 @@ def build_sft_data(examples, tokenizer, *, template: str | Prompt = "r1_zero", m
     return out
 
 
-def sft_batch(data: SFTData, indices: list[int], tokenizer, padding_side: str = "right") -> RolloutBatch:
+def sft_batch(data: SFTData, indices: list[int], tokenizer, padding_side: str = "right", *,
+              end_with_eos: bool = False) -> RolloutBatch:
     """The training batch of the pairs at `indices`: its `response_mask` (label-aligned: column t
-    is 1 when token t+1 is a target token) selects the target tokens the loss reads."""
+    is 1 when token t+1 is a target token) selects the target tokens the loss reads, the eos that
+    ends each target included with `end_with_eos`."""
     return tokenize_prompt_and_output([data.prompts[i] for i in indices], [data.targets[i] for i in indices],
-                                      tokenizer, padding_side=padding_side)
+                                      tokenizer, padding_side=padding_side, append_eos=end_with_eos)
 
 
 def sft_total_steps(num_examples: int, batch_size: int, epochs: int, max_steps: int | None) -> int:
@@ -93,7 +95,8 @@ class SFTFeeder:
         self.cfg, self.tokenizer = cfg, tokenizer
         loaded = load_examples(cfg.data.source, cfg.data.train_split, size=cfg.sft.train_size, seed=cfg.seed)
         max_seq_len = min(cfg.sft.max_seq_len, context or cfg.sft.max_seq_len)
-        data = build_sft_data(loaded.examples, tokenizer, template=prompt_of(cfg), max_seq_len=max_seq_len)
+        data = build_sft_data(loaded.examples, tokenizer, template=prompt_of(cfg), max_seq_len=max_seq_len,
+                              end_with_eos=cfg.sft.end_with_eos)
         data.skipped = dict(Counter(loaded.skipped) + Counter(data.skipped))
         if not len(data):
             reasons = ", ".join(f"{k}={v}" for k, v in sorted(data.skipped.items()))
@@ -116,7 +119,8 @@ class SFTFeeder:
         return {"total_steps": self.total_steps, "num_examples": len(self.data), "skipped": self.data.skipped}
 
     def next_batch(self) -> RolloutBatch:
-        return sft_batch(self.data, self.prompts.next_batch(), self.tokenizer, self.cfg.model.padding_side)
+        return sft_batch(self.data, self.prompts.next_batch(), self.tokenizer, self.cfg.model.padding_side,
+                         end_with_eos=self.cfg.sft.end_with_eos)
 
     def batch_metrics(self, batch: RolloutBatch) -> dict:
         return {"tokens/total": float(batch.attention_mask.sum()),
