@@ -6,22 +6,16 @@ log-probs are compared with the same peft model outside the pipeline (fp32, <= 1
 """
 
 import copy
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
-from rlft.common import free_port
 from rlft.config import ConfigError, build_config
 from rlft.pipeline.lora import peft_lora_config, save_adapter
-from test_pipeline import (BATCHES, CHECK_SCRIPT, GAS, MICRO_BATCH, REPO, TOL, hf_logprobs, random_hf_model, scored,
-                           tiny_llama, tiny_qwen2)
+from launching import run_pipeline_checks, stage_results
+from test_pipeline import BATCHES, GAS, MICRO_BATCH, TOL, hf_logprobs, random_hf_model, scored, tiny_llama, tiny_qwen2
 
 ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 CASES = {  # name -> (config factory, attention, settings)
@@ -69,33 +63,13 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def launches(models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("lora_launch")
-    data = root / "batches.pt"
-    torch.save(BATCHES, data)
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
-           "TORCH_EXTENSIONS_DIR": os.path.expanduser("~/.cache/rlft/torch_extensions")}
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    results = {}
-    for num_stages, names in LAUNCHES.items():
-        cases = [{"name": name, "model_dir": str(models[name][0]), "load_from": "dir",
-                  "attn_implementation": CASES[name][1], "micro_batch_size": MICRO_BATCH,
-                  "gradient_accumulation_steps": GAS, "activation_checkpoint_interval": int(name in CHECKPOINTED),
-                  "lora": {"settings": CASES[name][2], "seed": SEED, "adapter_dir": str(models[name][3])}}
-                 for name in names]
-        spec, out = root / f"spec{num_stages}.json", root / f"out{num_stages}"
-        spec.write_text(json.dumps({"data": str(data), "out": str(out), "cases": cases}))
-        cmd = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(num_stages),
-               "--master_port", str(free_port()), str(CHECK_SCRIPT), "--spec", str(spec)]
-        proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            pytest.fail(f"deepspeed launch with {num_stages} stages failed:\n{proc.stdout[-6000:]}\n"
-                        f"{proc.stderr[-6000:]}")
-        results[num_stages] = out
-    return results
-
-
-def stage_results(launches, num_stages, name):
-    return [torch.load(launches[num_stages] / name / f"stage{s}.pt") for s in range(num_stages)]
+    def case(name):
+        return {"name": name, "model_dir": str(models[name][0]), "load_from": "dir",
+                "attn_implementation": CASES[name][1], "micro_batch_size": MICRO_BATCH,
+                "gradient_accumulation_steps": GAS, "activation_checkpoint_interval": int(name in CHECKPOINTED),
+                "lora": {"settings": CASES[name][2], "seed": SEED, "adapter_dir": str(models[name][3])}}
+    return run_pipeline_checks(tmp_path_factory.mktemp("lora_launch"), BATCHES,
+                               {n: [case(x) for x in names] for n, names in LAUNCHES.items()})
 
 
 def merged(results, key):
