@@ -35,11 +35,10 @@ TIMING = ("time", "throughput/", "memory/")  # "time": the wall clock; "time/...
 
 
 @pytest.fixture(scope="module")
-def taught(tmp_path_factory):
-    """(model, data): the tiny model taught the sums and their questions (with `#### N` solutions)."""
-    from conftest import taught_sums
-
-    return taught_sums(tmp_path_factory.mktemp("taught"), teach_steps=100, test_size=4)
+def taught(taught_sums_dirs):
+    """(model, data): the tiny model taught the sums and their questions (with `#### N` solutions),
+    shared with the other modules that read it."""
+    return taught_sums_dirs
 
 
 @pytest.fixture(scope="module")
