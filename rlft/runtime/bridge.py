@@ -196,8 +196,6 @@ class Bridge:
     def store_gone(self) -> bool:
         """Rank 0, which hosts the store, is seen gone (on this host): no call is made to the store
         then, since c10d logs each failed one with its C++ stack (tens of lines)."""
-        from rlft.runtime.watchdog import process_state
-
         return self.rank != 0 and process_state(**self.peers[0]) == "gone"
 
     def failure(self) -> str | None:
@@ -241,3 +239,23 @@ def skip_cpu_shm_comm_build() -> None:
     # which is the torch library itself, and the patch would miss DeepSpeed's module.
     ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
     ds_torch_comm.build_shm_op = lambda: None
+
+
+def process_state(host: str, pid: int, started: float) -> str | None:
+    """'gone', 'stopped' or 'running' for a process on this host; None for one on another host."""
+    import psutil
+
+    if host != socket.gethostname():
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - started) > 1.0:  # the pid now belongs to someone else
+            return "gone"
+        status = proc.status()
+    except psutil.Error:
+        return "gone"
+    if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+        return "gone"
+    if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+        return "stopped"
+    return "running"

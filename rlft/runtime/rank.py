@@ -15,13 +15,13 @@ from typing import Callable, NoReturn
 
 from rlft.common import free_port, log
 from rlft.config import ConfigError, RunConfig
-from rlft.runtime.bridge import Bridge
+from rlft.runtime.bridge import Bridge, process_state
 from rlft.runtime.checkpoint import CheckpointError, checkpoint_root, remove_partial_writes
 from rlft.runtime.context import RankContext, choose_device
 from rlft.runtime.launcher_env import adopt_launcher_env, check_placement
 from rlft.runtime.outdir_lock import OutputDirInUse, OutputDirLock, describe_holder
 from rlft.runtime.reporting import setup_logging
-from rlft.runtime.watchdog import PEER_POLL_S, Watchdog, launcher_processes, process_state
+from rlft.runtime.watchdog import PEER_POLL_S, Watchdog, launcher_processes
 from rlft.topology import RankRoles, roles_for_rank
 
 # How a collective fails on the survivors when another rank died (the launcher then stops them all),
@@ -139,6 +139,9 @@ def fail(ctx: RankContext, message: str, exit_code: int, trace: bool = False) ->
     stop(f"stopping, because {first.removeprefix('rlft: ')}", exit_code)
 
 
+PEER_GONE_GRACE_S = 2.0  # how long a rank whose peer closed its connection waits to see which one ended
+
+
 def lost_contact(ctx: RankContext, message: str) -> str:
     """Why this rank stops after a collective failed for want of a peer: the peer and its fate
     (a recorded failure, a process gone or stopped, a silent heartbeat) when known."""
@@ -146,6 +149,12 @@ def lost_contact(ctx: RankContext, message: str) -> str:
     if gone:
         return f"stopping: {gone}"
     why = _life.watchdog.diagnose() if _life.watchdog is not None else None
+    if why is None and _life.watchdog is not None and any(sign in message for sign in _PEER_GONE):
+        # A killed peer's sockets close a moment before its process is seen ended: look again briefly.
+        deadline = time.monotonic() + PEER_GONE_GRACE_S
+        while why is None and time.monotonic() < deadline:
+            time.sleep(PEER_POLL_S)
+            why = _life.watchdog.diagnose()
     if why:
         return f"stopping: lost contact with another rank: {why}"
     if any(sign in message for sign in _TIMED_OUT):

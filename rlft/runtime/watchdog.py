@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Callable
 
-from rlft.runtime.bridge import FAILURE_KEY, Bridge, beat_key, said_key
+from rlft.runtime.bridge import FAILURE_KEY, Bridge, beat_key, process_state, said_key
 
 POLL_S = 1.0  # how often the launcher is checked
 PEER_POLL_S = 0.1  # how often the peers on this host are checked, once the bridge is up
@@ -71,26 +71,6 @@ def launcher_processes() -> list[tuple[int, float, str]]:
         return launch_script() + found  # the `deepspeed` command last: the lock names it
     except psutil.Error:
         return []
-
-
-def process_state(host: str, pid: int, started: float) -> str | None:
-    """'gone', 'stopped' or 'running' for a process on this host; None for one on another host."""
-    import psutil
-
-    if host != socket.gethostname():
-        return None
-    try:
-        proc = psutil.Process(pid)
-        if abs(proc.create_time() - started) > 1.0:  # the pid now belongs to someone else
-            return "gone"
-        status = proc.status()
-    except psutil.Error:
-        return "gone"
-    if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-        return "gone"
-    if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
-        return "stopped"
-    return "running"
 
 
 class Heartbeats:
