@@ -113,7 +113,7 @@ class Heartbeats:
     def gone(self) -> bool:
         """The store is known to be gone: its host, rank 0, ended (on this host), or a call to it
         broke.  No call is made to it then: c10d logs every failed one with its C++ stack."""
-        if not self.store_gone and self.bridge.rank != 0 and process_state(**self.bridge.peers[0]) == "gone":
+        if not self.store_gone and self.bridge.store_gone():
             self.store_gone = True
         return self.store_gone
 
