@@ -1,6 +1,6 @@
 """An instruct-model run end to end on CPU: a tiny Qwen2 with Qwen2.5's real tokenizer and chat template,
 `data.prompt_template: chat` and `reward.answer_format: boxed`, through `launch/train.sh` (the deepspeed
-launcher, 4 ranks: a 2-stage pipeline, reference + evaluator, sampler), then `rlft.evaluate --config`."""
+launcher, 2 ranks: the policy; the sampler, reference and evaluator), then `rlft.evaluate --config`."""
 from __future__ import annotations
 
 import json
@@ -37,7 +37,9 @@ def chat_run(tmp_path_factory):
     out = root / "run"
     overrides = [f"model.path={model}", f"data.source={data}", f"output.dir={out}", "data.prompt_template=chat",
                  "reward.answer_format=boxed", "sampling.repetition_penalty=1.0", "sampling.max_tokens=12",
-                 "optim.rollout_batch_size=8", "schedule.steps=2", "schedule.evaluate_freq=0"]
+                 "optim.rollout_batch_size=8", "schedule.steps=2", "schedule.evaluate_freq=0",
+                 "topology.policy_ranks=[0]", "topology.pipeline_stages=1", "topology.sampler_rank=1",
+                 "topology.reference_rank=1", "topology.evaluator_rank=1"]
     proc = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(CONFIG), *overrides], cwd=REPO,
                           env=dict(os.environ, RLFT_PROGRESS="0"), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

@@ -26,6 +26,12 @@ def launch(*overrides: str, timeout: int = 600, env: dict | None = None) -> subp
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+# The policy on rank 0, the sampler, reference and evaluator on rank 1: for the checks that need no
+# pipeline of several stages (the 4-rank layout is tiny_run's).
+TWO_RANKS = ("topology.policy_ranks=[0]", "topology.pipeline_stages=1", "topology.sampler_rank=1",
+             "topology.reference_rank=1", "topology.evaluator_rank=1")
+
+
 def read_steps(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
 
@@ -167,18 +173,20 @@ def test_finished_output_is_evaluated_not_retrained(tiny_run):
 
 
 def test_a_failing_rank_stops_the_whole_launch(tiny_run, tmp_path):
-    # Only the sampler (rank 3) reads the train split, and it is missing; everyone else waits for
-    # the sampler on the bridge and must not hang there.
+    # Only the sampler (rank 1) reads the train split, and it is missing; the policy waits for the
+    # sampler on the bridge and must not hang there.
     t0 = time.time()
     res = launch(f"model.path={tiny_run['model']}", f"data.source={tiny_run['data']}", "data.train_split=nosuch",
-                 f"output.dir={tmp_path / 'out'}", timeout=300)
+                 f"output.dir={tmp_path / 'out'}", *TWO_RANKS, timeout=300)
     took = time.time() - t0
     assert res.returncode != 0
     failed = [line for line in res.stderr.splitlines() if line.startswith("rlft: rank") and " failed: " in line]
-    assert len(failed) == 1 and failed[0].startswith("rlft: rank 3 (sampler) failed: "), failed
+    assert len(failed) == 1 and failed[0].startswith("rlft: rank 1 (sampler + reference + evaluator) failed: "), failed
     assert "nosuch" in failed[0]
-    # The others say why they stop instead of repeating a transport error.
-    assert "stopping: lost contact with another rank" in res.stderr
+    # The policy says why it stops (it lost contact, or the launcher's SIGTERM came first) and names the
+    # failed rank, instead of repeating a transport error.
+    stopped = [line for line in res.stderr.splitlines() if line.startswith("rlft: rank 0 (") and " stopping: " in line]
+    assert len(stopped) == 1 and "rank 1 (sampler + reference + evaluator) failed" in stopped[0], res.stderr[-3000:]
     assert took < 120
     assert not (tmp_path / "out" / "checkpoints").exists()
 
@@ -202,19 +210,6 @@ def test_vllm_backend_runs_the_same_topology(tiny_run, tmp_path):
     assert (out / "model" / "config.json").is_file()
 
 
-def test_several_epochs_per_rollout_use_the_sampling_policy_as_old(tiny_run, tmp_path):
-    # Two optimizer steps per rollout: old log-probs come from the pipeline before the first, so in
-    # the second epoch the ratio moves away from 1 wherever the first epoch had a gradient.
-    out = tmp_path / "epochs"
-    res = launch(*tiny_run["common"][:2], f"output.dir={out}", *tiny_run["common"][3:], "schedule.steps=2",
-                 "schedule.save_every=0", "grpo.epochs_per_rollout=2", "optim.lr=1e-3")
-    assert res.returncode == 0, res.stderr[-4000:]
-    steps = read_steps(out)
-    moved = [s for s in steps if s["batch/zero_variance_group_fraction"] < 1]
-    assert moved, steps
-    assert all(s["ratio_max"] > 1.0 for s in moved)
-
-
 def test_async_sampler_works_ahead_and_a_resumed_run_keeps_the_prompt_order(tiny_run, tmp_path):
     """The sampler on its own rank collects step t+1's batch while the policy trains on step t's.
     Staleness is 0 for the first batch and 1 after; the ratio moves away from 1 on stale batches;
@@ -223,7 +218,9 @@ def test_async_sampler_works_ahead_and_a_resumed_run_keeps_the_prompt_order(tiny
     from rlft.data import PromptSampler
 
     common = (*tiny_run["common"][:2], *tiny_run["common"][3:], "schedule.max_staleness=1", "optim.lr=1e-3",
-              "schedule.evaluate_freq=0", "schedule.save_every=2")
+              "schedule.evaluate_freq=0", "schedule.save_every=2", "topology.policy_ranks=[0]",
+              "topology.pipeline_stages=1", "topology.reference_rank=0", "topology.evaluator_rank=0",
+              "topology.sampler_rank=1")
     first = tmp_path / "ahead"
     res = launch(*common, f"output.dir={first}", "schedule.steps=3")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
@@ -259,8 +256,6 @@ SEVEN_REWARD = '''
 def reward(response, ground_truth):
     return 1.0 if "7" in response else 0.25
 '''
-TWO_RANKS = ("topology.policy_ranks=[0]", "topology.pipeline_stages=1", "topology.sampler_rank=1",
-             "topology.reference_rank=1", "topology.evaluator_rank=1")
 
 
 def logged_samples(out: Path) -> dict[int, list[tuple[float, str]]]:
@@ -282,7 +277,9 @@ def logged_samples(out: Path) -> dict[int, list[tuple[float, str]]]:
 
 def test_custom_reward_function_end_to_end_on_two_ranks(tiny_run, tmp_path):
     """reward.fn names a module of the user's (on PYTHONPATH): the logged rewards are exactly what it
-    gives.  The same run switches on TIS and overlong filtering and checks what they log."""
+    gives.  The same run switches on TIS and overlong filtering and checks what they log, and takes
+    two optimizer steps per rollout: the old log-probs come from the pipeline before the first, so in
+    the second epoch the ratio moves away from 1 wherever the first had a gradient."""
     module_dir = tmp_path / "user_rewards"
     module_dir.mkdir()
     (module_dir / "seven_reward.py").write_text(SEVEN_REWARD)
@@ -291,7 +288,7 @@ def test_custom_reward_function_end_to_end_on_two_ranks(tiny_run, tmp_path):
     res = launch(*tiny_run["common"][:2], f"output.dir={out}", *tiny_run["common"][3:], *TWO_RANKS,
                  "reward.fn=seven_reward:reward", "schedule.steps=2", "schedule.save_every=0",
                  "schedule.evaluate_freq=0", "schedule.log_samples_every=1", "schedule.num_logged_samples=4",
-                 "grpo.rollout_is=tis", "grpo.overlong=filter", env=env)
+                 "grpo.rollout_is=tis", "grpo.overlong=filter", "grpo.epochs_per_rollout=2", "optim.lr=1e-3", env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     assert "rlft.train_grpo: 2 rank(s)" in res.stderr
     steps = read_steps(out)
@@ -312,6 +309,9 @@ def test_custom_reward_function_end_to_end_on_two_ranks(tiny_run, tmp_path):
         assert abs(s["rollout_mismatch/ratio_max"] - 1) < 1e-3 and abs(s["rollout_mismatch/ratio_min"] - 1) < 1e-3
         assert s["rollout_mismatch/capped_fraction"] == 0
         assert s["overlong/filtered"] == pytest.approx(4 * s["response_length/clipped_fraction"])
+    moved = [s for s in steps if s["batch/zero_variance_group_fraction"] < 1]
+    assert moved, steps
+    assert all(s["ratio_max"] > 1.0 for s in moved)
 
 
 def test_a_bad_reward_function_is_refused_before_launch(tiny_run, tmp_path):
@@ -359,7 +359,7 @@ def failed_eval_run(tiny_run):
     args = (f"model.path={tiny_run['model']}", f"data.source={data}", f"output.dir={out}",
             "sampling.repetition_penalty=1.0", "data.prompt_template=r1_short", "data.train_size=9",
             "data.eval_size=5", "schedule.steps=3", "schedule.sync_every=2", "schedule.evaluate_freq=0",
-            "schedule.save_every=2")
+            "schedule.save_every=2", *TWO_RANKS)
     res = launch(*args)
     return {"out": out, "res": res, "args": args, "steps": read_steps(out) if (out / "steps.jsonl").exists() else []}
 
