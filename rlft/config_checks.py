@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# The allowed values of the choice settings are read from where each choice is implemented, so a
-# new loss, KL estimator, aggregation or backend is accepted as soon as it is registered there.
+# The allowed values of the choice settings are read from each choice's records (rlft.grpo.choices,
+# rlft.overlong, rlft.engines), so a new loss, KL estimator, aggregation or backend is accepted as soon
+# as it is recorded there.  None of them imports torch: rlft.launch_plan checks a config without it.
 from rlft.common import DTYPE_CHOICES
 from rlft import config_schema as schema
 from rlft.config_schema import (
@@ -63,7 +64,7 @@ def _check_rollout_corrections(g: GRPOConfig, s: SamplingConfig) -> None:
 
 
 def _check_loss_needs(g: GRPOConfig) -> None:
-    """What the chosen loss's record says it needs (`rlft.grpo.losses.PolicyLoss`)."""
+    """What the chosen loss's record says it needs (`rlft.grpo.choices.PolicyLoss`)."""
     loss = POLICY_LOSSES[g.loss_type]
     for key in loss.requires:
         _require(getattr(g, key) is not None, f"grpo.{key}: required when grpo.loss_type is {g.loss_type}")

@@ -17,7 +17,9 @@ DeepSpeed's own launchers with `output.hostfile`: pdsh over ssh (the default), s
 launchers, or `no_ssh`, one launch per node with its `topology.node_rank`.  Ranks fill the nodes in
 order, `world / nodes` per node: node n holds ranks [n * per_node, (n + 1) * per_node).
 
-Exit status 2 with one line on stderr for any config mistake, before anything is launched.
+Exit status 2 with one line on stderr for any config mistake, before anything is launched.  Nothing
+it runs (the config's checks, `rlft.preflight`'s) imports torch, transformers, deepspeed or numpy, so
+a refusal comes in well under a second.
 """
 from __future__ import annotations
 

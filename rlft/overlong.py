@@ -12,19 +12,23 @@ says little about how it reasoned; DAPO (Yu et al. 2025) offers two remedies, ch
   ``L > max_tokens - buffer`` has ``penalty · (max_tokens - buffer - L) / buffer`` added to its
   reward before group normalisation: 0 where the buffer starts, ``-penalty`` at ``max_tokens``.
 
-Pure bookkeeping over lengths and finish reasons, checked on hand-made numbers.
+Pure bookkeeping over lengths and finish reasons, checked on hand-made numbers.  torch is imported by
+the functions that use it: the config checks read `OVERLONG_MODES` without loading it.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 OVERLONG_MODES = ("none", "filter", "soft_penalty")
 
 
 def truncated_rows(finish_reasons: Sequence[str]) -> torch.Tensor:
     """Bool ``[B]``: True where the response was cut by ``max_tokens`` (finish reason "length")."""
+    import torch
+
     return torch.tensor([reason == "length" for reason in finish_reasons], dtype=torch.bool)
 
 
@@ -40,6 +44,8 @@ def soft_overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int, p
     ``0`` for ``L <= L_max - L_cache``; ``penalty · (L_max - L_cache - L) / L_cache`` up to
     ``L_max``; ``-penalty`` beyond (a response is never longer than ``max_tokens``, but the bound holds).
     """
+    import torch
+
     if not 1 <= buffer <= max_tokens:
         raise ValueError(f"the overlong buffer must be between 1 and max_tokens ({max_tokens}), got {buffer}")
     lengths = torch.as_tensor(lengths, dtype=torch.float32)

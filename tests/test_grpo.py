@@ -236,6 +236,22 @@ def test_registry_holds_variants_and_accepts_new_ones():
         POLICY_LOSSES.pop("_test_double_reinforce")
 
 
+def test_every_recorded_choice_has_its_function():
+    # The records (rlft.grpo.choices, read by the config checks without torch) and the maths attached
+    # to them by name must not drift apart: a record without its function would pass the launch's
+    # checks and fail the first step.
+    from rlft.grpo.advantages import ADVANTAGE_FUNCTIONS
+    from rlft.grpo.kl import KL_FUNCTIONS
+    from rlft.grpo.losses import POLICY_LOSS_FUNCTIONS
+
+    for functions in (POLICY_LOSS_FUNCTIONS, ADVANTAGE_FUNCTIONS, KL_FUNCTIONS):
+        assert set(functions.records) <= set(functions), functions.kind
+    with pytest.raises(ValueError, match="policy loss 'ppo' has no record in rlft.grpo.choices"):
+        POLICY_LOSS_FUNCTIONS.of("ppo")(lambda *a, **k: None)
+    with pytest.raises(ValueError, match="KL estimator 'k3' already has a function"):
+        KL_FUNCTIONS.of("k3")(lambda logp, ref: logp - ref)
+
+
 # ------------------------------------------------------------------ KL and entropy
 
 

@@ -2,6 +2,7 @@
 the commands DeepSpeed's own runner builds from it."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -304,6 +305,38 @@ def test_the_plan_refuses_a_fresh_run_in_a_used_directory(tmp_path, capsys):
     assert line.startswith(f"rlft: config error: output.resume: never starts a fresh run, but output.dir {tmp_path} "
                            f"holds another run's checkpoints/")
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["checkpoints", "step_000006", "trainer_state.json"]
+
+
+def test_the_plan_loads_neither_torch_nor_the_model_libraries(tmp_path):
+    """The plan's checks (the config, the starting model's directory, the checkpoint a launch would resume)
+    run on the launching shell before any rank starts: a mistake is refused in a second, not after torch
+    has loaded."""
+    from rlft.runtime.resume_rules import run_settings
+
+    model, out = tmp_path / "model", tmp_path / "out"
+    model.mkdir()
+    (model / "config.json").write_text('{"num_hidden_layers": 4}')
+    (model / "model.safetensors").write_bytes(b"")
+    overrides = [f"output.dir={out}", f"model.path={model}", "data.source=tests/fixtures/gsm8k"]
+    ck = out / "checkpoints" / "step_000002"
+    ck.mkdir(parents=True)
+    (ck / "trainer_state.json").write_text(json.dumps({
+        "step": 2, "layout": {"pipeline_stages": 2, "replicas": 1},
+        "settings": run_settings(load_config(TINY, overrides))}))
+    code = ("import sys\n"
+            "from rlft.launch_plan import main\n"
+            "main(sys.argv[1:])\n"  # accepted: resumes step 2
+            "try:\n"
+            "    main([*sys.argv[1:], 'seed=7'])\n"  # refused: the checkpoint was trained with seed 0
+            "except SystemExit as e:\n"
+            "    print('exit', e.code)\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'deepspeed', 'numpy'}))")
+    res = subprocess.run([sys.executable, "-c", code, "--module", "rlft.train_grpo", "--config", str(TINY),
+                          *overrides], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("world=4 nodes=1 per_node=4")
+    assert "was trained with other settings, which cannot change when a run resumes: seed 0 -> 7" in res.stderr
+    assert res.stdout.splitlines()[-2:] == ["exit 2", "[]"]
 
 
 def test_the_eval_scripts_examples_name_where_a_run_writes_its_model():

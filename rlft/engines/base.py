@@ -13,10 +13,14 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from rlft.config_schema import SamplingConfig, check_sampling_ranges
+
+# torch is imported by the functions that use it: rlft.engines' records (`BACKENDS`), which the launch's
+# config checks read, load without it.
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +172,8 @@ class RolloutEngine(ABC):
 def weights_checksum_of(tensors: Iterable[torch.Tensor]) -> dict[str, float]:
     """``{"sum", "abs_sum"}`` of the given tensors, accumulated in float64 (see
     :meth:`RolloutEngine.weights_checksum`). Callers pass each distinct tensor once."""
+    import torch
+
     total = 0.0
     total_abs = 0.0
     with torch.no_grad():
@@ -209,6 +215,8 @@ def restrict_to_device(local_gpu_index: int) -> str:
     Returns:
         the new value of ``CUDA_VISIBLE_DEVICES``.
     """
+    import torch
+
     if local_gpu_index < 0:
         raise ValueError(f"local_gpu_index must be >= 0, got {local_gpu_index}")
     if torch.cuda.is_initialized():

@@ -4,25 +4,31 @@ Everything here takes tensors and returns tensors; nothing knows about models, r
 DeepSpeed. The trainer's last pipeline stage calls :func:`policy_loss`, which combines the pieces:
 
     advantages   = compute_group_normalized_rewards(rewards, group_size, eps, estimator)  # ADVANTAGE_ESTIMATORS
-    per-token pg = POLICY_LOSSES[loss_type](...)            # [B, T]
+    per-token pg = compute_policy_gradient_loss(logp, loss_type, ...)  # [B, T]; POLICY_LOSSES
     per-token    = pg + kl_coef * compute_kl(logp, ref_logp)  # [B, T]
     loss         = aggregate_loss(per-token, response_mask, aggregation)
 
 One module per piece:
 
-    advantages.py     advantage estimators and their registry, compute_group_normalized_rewards
-    losses.py         the per-token policy-gradient losses and their registry (a new loss goes here)
-    kl.py             KL estimators and their registry, and the entropy
-    reductions.py     masked mean / normalise, aggregate_loss and its modes
+    choices.py        the choices the config names (losses, advantage and KL estimators, aggregation and
+                      rollout-IS modes), one record each with its properties; torch-free
+    advantages.py     advantage estimators' functions, compute_group_normalized_rewards
+    losses.py         the per-token policy-gradient losses' functions (a new loss goes here and in choices.py)
+    kl.py             KL estimators' functions, and the entropy
+    reductions.py     masked mean / normalise, aggregate_loss
     training_loss.py  policy_loss: the pieces combined, with the metrics the trainer logs
     rollout_correction.py  the sampler's log-probs against the trainer's: mismatch metrics, TIS weights
+
+The package loads the maths modules (and torch) on first use of one of their names: the records of
+``choices.py``, which the launch's config checks read, come without them.
 
 Shapes: ``B`` sequences (rollouts) per (micro-)batch, ``T`` label positions per sequence (the
 trainer's per-token log-probs are aligned to ``labels = input_ids[:, 1:]``), ``V`` vocabulary.
 Per-sequence quantities (rewards, advantages) are ``[B, 1]`` so they broadcast over ``T``.
 
-Policy losses live in the registry :data:`POLICY_LOSSES`; a new variant is one function decorated
-with :func:`register_policy_loss` in ``losses.py`` plus one config value (``grpo.loss_type``):
+Policy losses are records in :data:`POLICY_LOSSES`; a new variant is its record (its properties) in
+``choices.py`` and its function in ``losses.py``, attached with ``@POLICY_LOSS_FUNCTIONS.of(name)``,
+plus one config value (``grpo.loss_type``):
 
 * ``no_baseline``              -r · logp  (REINFORCE on raw rewards; the original used it with
                                group_size 1)
@@ -40,49 +46,34 @@ with :func:`register_policy_loss` in ``losses.py`` plus one config value (``grpo
 long and short responses are not weighted differently).
 """
 
-from rlft.grpo.advantages import ADVANTAGE_ESTIMATORS, compute_group_normalized_rewards, register_advantage_estimator
-from rlft.grpo.kl import KL_ESTIMATORS, compute_entropy, compute_kl, register_kl_estimator
-from rlft.grpo.losses import (
-    POLICY_LOSSES,
-    compute_grpo_clip_loss,
-    compute_naive_policy_gradient_loss,
-    compute_policy_gradient_loss,
-    register_policy_loss,
-)
-from rlft.grpo.reductions import AGGREGATION_MODES, aggregate_loss, masked_mean, masked_normalize
-from rlft.grpo.rollout_correction import (
-    ROLLOUT_IS_MODES,
-    ROLLOUT_MISMATCH_METRIC_KEYS,
-    MicroBatchMismatch,
-    rollout_mismatch_metrics,
-    rollout_mismatch_sums,
-    truncated_is_weights,
-)
-from rlft.grpo.training_loss import POLICY_LOSS_METRIC_KEYS, policy_loss
+from __future__ import annotations
 
-__all__ = [
-    "ADVANTAGE_ESTIMATORS",
-    "AGGREGATION_MODES",
-    "KL_ESTIMATORS",
-    "POLICY_LOSSES",
-    "POLICY_LOSS_METRIC_KEYS",
-    "ROLLOUT_IS_MODES",
-    "ROLLOUT_MISMATCH_METRIC_KEYS",
-    "MicroBatchMismatch",
-    "aggregate_loss",
-    "compute_entropy",
-    "compute_grpo_clip_loss",
-    "compute_group_normalized_rewards",
-    "compute_kl",
-    "compute_naive_policy_gradient_loss",
-    "compute_policy_gradient_loss",
-    "masked_mean",
-    "masked_normalize",
-    "policy_loss",
-    "register_advantage_estimator",
-    "register_kl_estimator",
-    "register_policy_loss",
-    "rollout_mismatch_metrics",
-    "rollout_mismatch_sums",
-    "truncated_is_weights",
-]
+import importlib
+
+from rlft.grpo.choices import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
+
+# The maths' names, by the module that holds them; each module is imported when one of its names is
+# first asked for (PEP 562), so `from rlft.grpo import POLICY_LOSSES` loads no torch.
+_MATHS = {
+    "advantages": ("compute_group_normalized_rewards", "register_advantage_estimator"),
+    "kl": ("compute_entropy", "compute_kl", "register_kl_estimator"),
+    "losses": ("compute_grpo_clip_loss", "compute_naive_policy_gradient_loss", "compute_policy_gradient_loss",
+               "register_policy_loss"),
+    "reductions": ("aggregate_loss", "masked_mean", "masked_normalize"),
+    "rollout_correction": ("ROLLOUT_MISMATCH_METRIC_KEYS", "MicroBatchMismatch", "rollout_mismatch_metrics",
+                           "rollout_mismatch_sums", "truncated_is_weights"),
+    "training_loss": ("POLICY_LOSS_METRIC_KEYS", "policy_loss"),
+}
+_MODULE_OF = {name: module for module, names in _MATHS.items() for name in names}
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    globals()[name] = value  # found directly from now on
+    return value
+
+
+__all__ = sorted(["ADVANTAGE_ESTIMATORS", "AGGREGATION_MODES", "KL_ESTIMATORS", "POLICY_LOSSES", "ROLLOUT_IS_MODES",
+                  *_MODULE_OF])

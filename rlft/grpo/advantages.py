@@ -1,17 +1,18 @@
 """Group-relative advantages: each rollout's reward against the other samples of its prompt.
 
-Estimators live in the registry :data:`ADVANTAGE_ESTIMATORS` (``grpo.advantage_estimator``); a new
-one is a function of the ``[groups, group_size]`` rewards decorated with
-:func:`register_advantage_estimator` in this module, stating its properties.
+Estimators are records in :data:`ADVANTAGE_ESTIMATORS` (``grpo.advantage_estimator``), declared with
+their properties in :mod:`rlft.grpo.choices`; a new one is its record there plus, here, a function of
+the ``[groups, group_size]`` rewards attached with ``@ADVANTAGE_FUNCTIONS.of(name)``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 from torch import Tensor
+
+from rlft.grpo.choices import ADVANTAGE_ESTIMATORS, AdvantageEstimator, Implementations
 
 
 def _unbiased_std(x: Tensor, dim: Optional[int] = None) -> Tensor:
@@ -25,43 +26,24 @@ def _unbiased_std(x: Tensor, dim: Optional[int] = None) -> Tensor:
 # (grouped rewards [G, group_size], advantage_eps) -> advantages [G, group_size]
 AdvantageFn = Callable[[Tensor, float], Tensor]
 
-
-@dataclass(frozen=True)
-class AdvantageEstimator:
-    """A registered estimator and what the config checks need to know about it.
-
-    * ``divides_by_std``: it divides by (group std + ``grpo.advantage_eps``), so that eps must be
-      > 0 (a group whose rewards are all equal would divide 0 by 0).
-    """
-
-    name: str
-    fn: AdvantageFn
-    divides_by_std: bool
-
-
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+# Each estimator's function, by the name of its record in ADVANTAGE_ESTIMATORS.
+ADVANTAGE_FUNCTIONS = Implementations(ADVANTAGE_ESTIMATORS, "advantage estimator")
 
 
 def register_advantage_estimator(name: str, *, divides_by_std: bool) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator adding an estimator to :data:`ADVANTAGE_ESTIMATORS` under ``name``."""
-
-    def decorator(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(name, fn, divides_by_std)
-        return fn
-
-    return decorator
+    """Decorator adding an estimator that is not one of rlft's own to :data:`ADVANTAGE_ESTIMATORS` under
+    ``name``, with its properties (see :class:`~rlft.grpo.choices.AdvantageEstimator`)."""
+    return ADVANTAGE_FUNCTIONS.register(AdvantageEstimator(name, divides_by_std))
 
 
-@register_advantage_estimator("grpo", divides_by_std=True)
+@ADVANTAGE_FUNCTIONS.of("grpo")
 def _group_normalized(grouped: Tensor, advantage_eps: float) -> Tensor:
     """GRPO: (reward - group mean) / (group std + eps)."""
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     return centered / (_unbiased_std(grouped, dim=1).unsqueeze(1) + advantage_eps)
 
 
-@register_advantage_estimator("dr_grpo", divides_by_std=False)
+@ADVANTAGE_FUNCTIONS.of("dr_grpo")
 def _group_centered(grouped: Tensor, advantage_eps: float) -> Tensor:
     """Dr. GRPO (Liu et al. 2025): reward - group mean, no division by the group std."""
     return grouped - grouped.mean(dim=1, keepdim=True)
@@ -110,7 +92,7 @@ def compute_group_normalized_rewards(
     if estimator not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {estimator!r}; valid: {', '.join(ADVANTAGE_ESTIMATORS)}")
     grouped = raw_rewards.view(n // group_size, group_size)  # [G, group_size]
-    advantages = ADVANTAGE_ESTIMATORS[estimator].fn(grouped, advantage_eps).reshape(-1)
+    advantages = ADVANTAGE_FUNCTIONS[estimator](grouped, advantage_eps).reshape(-1)
 
     # A group has zero variance when max == min (exact, unlike std == 0 after float rounding).
     zero_var = (grouped.max(dim=1).values == grouped.min(dim=1).values).float()

@@ -1,62 +1,43 @@
-"""KL to the reference (per-token estimators, in the registry :data:`KL_ESTIMATORS`) and the
-entropy of next-token distributions.
+"""KL to the reference (per-token estimators, records in :data:`KL_ESTIMATORS`) and the entropy
+of next-token distributions.
 
-A new estimator is one function decorated with :func:`register_kl_estimator` in this module; its
-name is then a valid ``grpo.kl_estimator``.
+A new estimator is its record, with its properties, in :mod:`rlft.grpo.choices` plus its function
+here, attached with ``@KL_FUNCTIONS.of(name)``; its name is then a valid ``grpo.kl_estimator``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import Tensor
 
+from rlft.grpo.choices import KL_ESTIMATORS, Implementations, KLEstimator
+
 KLFn = Callable[[Tensor, Tensor], Tensor]  # (policy_log_probs [B, T], ref_log_probs [B, T]) -> [B, T]
 
 
-@dataclass(frozen=True)
-class KLEstimator:
-    """A registered estimator of KL(π ‖ π_ref) from tokens sampled from π, and its properties.
-
-    * ``unbiased``: its mean over tokens sampled from π is KL(π ‖ π_ref).
-    * ``nonnegative``: every per-token value is >= 0 (a logged KL never goes below 0).
-    """
-
-    name: str
-    fn: KLFn
-    unbiased: bool
-    nonnegative: bool
-
-
-# Estimator name -> record; the config's grpo.kl_estimator is one of these names.
-KL_ESTIMATORS: dict[str, KLEstimator] = {}
+# Each estimator's function, by the name of its record in KL_ESTIMATORS.
+KL_FUNCTIONS = Implementations(KL_ESTIMATORS, "KL estimator")
 
 
 def register_kl_estimator(name: str, *, unbiased: bool, nonnegative: bool) -> Callable[[KLFn], KLFn]:
-    """Decorator adding a per-token estimator to :data:`KL_ESTIMATORS` under ``name``."""
-
-    def decorator(fn: KLFn) -> KLFn:
-        if name in KL_ESTIMATORS:
-            raise ValueError(f"KL estimator {name!r} is already registered")
-        KL_ESTIMATORS[name] = KLEstimator(name, fn, unbiased, nonnegative)
-        return fn
-
-    return decorator
+    """Decorator adding a per-token estimator that is not one of rlft's own to :data:`KL_ESTIMATORS`
+    under ``name``, with its properties (see :class:`~rlft.grpo.choices.KLEstimator`)."""
+    return KL_FUNCTIONS.register(KLEstimator(name, unbiased, nonnegative))
 
 
-@register_kl_estimator("k1", unbiased=True, nonnegative=False)
+@KL_FUNCTIONS.of("k1")
 def _k1(policy_log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     return policy_log_probs - ref_log_probs
 
 
-@register_kl_estimator("k2", unbiased=False, nonnegative=True)
+@KL_FUNCTIONS.of("k2")
 def _k2(policy_log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     return 0.5 * (policy_log_probs - ref_log_probs) ** 2
 
 
-@register_kl_estimator("k3", unbiased=True, nonnegative=True)
+@KL_FUNCTIONS.of("k3")
 def _k3(policy_log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     d = ref_log_probs - policy_log_probs
     return torch.exp(d) - d - 1.0
@@ -84,7 +65,7 @@ def compute_kl(policy_log_probs: Tensor, ref_log_probs: Tensor, estimator: str =
         )
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"unknown KL estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
-    return KL_ESTIMATORS[estimator].fn(policy_log_probs, ref_log_probs)
+    return KL_FUNCTIONS[estimator](policy_log_probs, ref_log_probs)
 
 
 def compute_entropy(logits: Tensor) -> Tensor:

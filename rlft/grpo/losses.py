@@ -1,19 +1,20 @@
-"""Per-token policy-gradient losses, in the registry :data:`POLICY_LOSSES`.
+"""Per-token policy-gradient losses, records in :data:`POLICY_LOSSES`.
 
-A new variant is one function decorated with :func:`register_policy_loss` in this module, which
-also states the loss's properties (:class:`PolicyLoss`); its name is then a valid
-``grpo.loss_type``, and the config checks and warnings read those properties, never the name.
-See the package docstring of :mod:`rlft.grpo` for the built-in losses.
+A new variant is its record in :mod:`rlft.grpo.choices`, which states the loss's properties
+(:class:`~rlft.grpo.choices.PolicyLoss`), plus its function here, attached with
+``@POLICY_LOSS_FUNCTIONS.of(name)``; its name is then a valid ``grpo.loss_type``, and the config
+checks and warnings read those properties, never the name.  See the package docstring of
+:mod:`rlft.grpo` for the built-in losses.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
+from rlft.grpo.choices import POLICY_LOSSES, Implementations, PolicyLoss
 from rlft.grpo.reductions import masked_mean
 
 
@@ -80,44 +81,20 @@ def compute_grpo_clip_loss(
 PolicyLossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 
 
-@dataclass(frozen=True)
-class PolicyLoss:
-    """A registered loss and what the rest of rlft needs to know about it.
-
-    * ``uses_ratio``: the loss weighs each token by an importance ratio π_θ / π_old, so a batch
-      sampled by older weights is corrected; without one, asynchronous rollouts warn.
-    * ``uses_groups``: the loss reads group-relative advantages; False (raw rewards) means one
-      response per prompt (``grpo.group_size`` must be 1).
-    * ``requires``: ``grpo.*`` settings that must be set (not null) for this loss.
-    """
-
-    name: str
-    fn: PolicyLossFn
-    uses_ratio: bool
-    uses_groups: bool = True
-    requires: tuple[str, ...] = ()
-
-
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
+# Each loss's function, by the name of its record in POLICY_LOSSES.
+POLICY_LOSS_FUNCTIONS = Implementations(POLICY_LOSSES, "policy loss")
 
 
 def register_policy_loss(
     name: str, *, uses_ratio: bool, uses_groups: bool = True, requires: tuple[str, ...] = ()
 ) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator adding a per-token loss to :data:`POLICY_LOSSES` under ``name``, with its
-    properties (see :class:`PolicyLoss`).
+    """Decorator adding a per-token loss that is not one of rlft's own to :data:`POLICY_LOSSES`
+    under ``name``, with its properties (see :class:`~rlft.grpo.choices.PolicyLoss`).
 
     The function is called as ``fn(policy_log_probs, *, raw_rewards, advantages, old_log_probs,
     cliprange, cliprange_high, response_mask)`` and returns ``(loss [B, T], metadata)``.
     """
-
-    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = PolicyLoss(name, fn, uses_ratio, uses_groups, tuple(requires))
-        return fn
-
-    return decorator
+    return POLICY_LOSS_FUNCTIONS.register(PolicyLoss(name, uses_ratio, uses_groups, tuple(requires)))
 
 
 def _require(loss_type: str, **values) -> None:
@@ -126,19 +103,19 @@ def _require(loss_type: str, **values) -> None:
         raise ValueError(f"loss_type {loss_type!r} requires {', '.join(missing)} (got None)")
 
 
-@register_policy_loss("no_baseline", uses_ratio=False, uses_groups=False)
+@POLICY_LOSS_FUNCTIONS.of("no_baseline")
 def _no_baseline_loss(policy_log_probs: Tensor, *, raw_rewards, **_):
     _require("no_baseline", raw_rewards=raw_rewards)
     return compute_naive_policy_gradient_loss(raw_rewards, policy_log_probs), {}
 
 
-@register_policy_loss("reinforce_with_baseline", uses_ratio=False)
+@POLICY_LOSS_FUNCTIONS.of("reinforce_with_baseline")
 def _reinforce_with_baseline_loss(policy_log_probs: Tensor, *, advantages, **_):
     _require("reinforce_with_baseline", advantages=advantages)
     return compute_naive_policy_gradient_loss(advantages, policy_log_probs), {}
 
 
-@register_policy_loss("grpo_clip", uses_ratio=True)
+@POLICY_LOSS_FUNCTIONS.of("grpo_clip")
 def _grpo_clip_loss(
     policy_log_probs: Tensor, *, advantages, old_log_probs, cliprange, cliprange_high, **_
 ):
@@ -148,7 +125,7 @@ def _grpo_clip_loss(
     )
 
 
-@register_policy_loss("dapo", uses_ratio=True, requires=("cliprange_high",))
+@POLICY_LOSS_FUNCTIONS.of("dapo")
 def _dapo_loss(
     policy_log_probs: Tensor, *, advantages, old_log_probs, cliprange, cliprange_high, **_
 ):
@@ -164,7 +141,7 @@ def _dapo_loss(
     )
 
 
-@register_policy_loss("gspo", uses_ratio=True)
+@POLICY_LOSS_FUNCTIONS.of("gspo")
 def _gspo_loss(
     policy_log_probs: Tensor,
     *,
@@ -251,7 +228,7 @@ def compute_policy_gradient_loss(
     batch = policy_log_probs.shape[0]
     _check_like(old_log_probs, policy_log_probs, "old_log_probs")
     _check_like(response_mask, policy_log_probs, "response_mask")
-    return POLICY_LOSSES[loss_type].fn(
+    return POLICY_LOSS_FUNCTIONS[loss_type](
         policy_log_probs,
         raw_rewards=_as_column(raw_rewards, batch, "raw_rewards"),
         advantages=_as_column(advantages, batch, "advantages"),

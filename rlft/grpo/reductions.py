@@ -7,6 +7,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from rlft.grpo.choices import AGGREGATION_MODES
+
 
 def _masked(tensor: Tensor, mask: Tensor) -> Tensor:
     """``tensor · mask`` with masked-out entries exactly 0 even where tensor is inf/NaN."""
@@ -56,9 +58,6 @@ def masked_normalize(
     weighted = _masked(tensor, mask)
     total = weighted.sum() if dim is None else weighted.sum(dim=dim)
     return total / normalize_constant
-
-
-AGGREGATION_MODES = ("sequence", "token", "constant")
 
 
 def aggregate_loss(

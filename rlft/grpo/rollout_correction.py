@@ -40,8 +40,6 @@ ROLLOUT_MISMATCH_METRIC_KEYS = (
     "rollout_mismatch/capped_fraction",
 )
 
-ROLLOUT_IS_MODES = ("none", "tis")
-
 
 def rollout_log_ratio(trainer_log_probs: Tensor, sampler_log_probs: Tensor) -> Tensor:
     """``log ρ = logp_trainer - logp_sampler``, ``[B, T]``, clamped to ±:data:`LOG_RATIO_BOUND`, float32."""

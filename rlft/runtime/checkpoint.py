@@ -11,6 +11,8 @@
 A checkpoint is written into `.step_000010.tmp/` and renamed to `step_000010/` only after every rank
 has finished writing, so a crash mid-save never leaves a directory that looks complete.
 `save_checkpoint` and `resume_checkpoint` are what every rank calls; the rest is the layout.
+`resume_point`, which `rlft.launch_plan` calls before any rank starts, needs neither torch nor numpy:
+they are imported by the functions that write and read tensors.
 """
 from __future__ import annotations
 
@@ -23,15 +25,14 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-
 from rlft.common import log
 from rlft.config import CHECKPOINT_STATE_FILE, ConfigError
 from rlft.models import load_hf_config
 from rlft.runtime.resume_rules import check_fresh_start, check_settings_unchanged, run_settings
 
 if TYPE_CHECKING:
+    import torch
+
     from rlft.runtime.context import RankContext
 
 class CheckpointError(RuntimeError):
@@ -118,6 +119,9 @@ def prune(out_dir: str | Path, keep: int) -> None:
 
 
 def save_rng(path: str | Path) -> None:
+    import numpy as np
+    import torch
+
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -126,6 +130,9 @@ def save_rng(path: str | Path) -> None:
 
 
 def load_rng(path: str | Path) -> None:
+    import numpy as np
+    import torch
+
     if not Path(path).is_file():
         return
     state = torch.load(path, weights_only=False)

@@ -1,0 +1,123 @@
+"""The GRPO family's choices as the config names them: one record per choice, carrying the properties
+the config checks and warnings read (never the names).
+
+    POLICY_LOSSES         grpo.loss_type              PolicyLoss: uses_ratio, uses_groups, requires
+    ADVANTAGE_ESTIMATORS  grpo.advantage_estimator    AdvantageEstimator: divides_by_std
+    KL_ESTIMATORS         grpo.kl_estimator           KLEstimator: unbiased, nonnegative
+    AGGREGATION_MODES     grpo.aggregation            (rlft.grpo.reductions.aggregate_loss)
+    ROLLOUT_IS_MODES      grpo.rollout_is             (rlft.grpo.rollout_correction)
+
+Nothing here imports torch: `rlft.launch_plan` checks a config before any rank starts without loading
+it.  A record's function is written with its maths (`losses.py`, `advantages.py`, `kl.py`) and attached
+to the record by name there, through that module's :class:`Implementations`; a new choice is its record
+here plus its function there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A per-token policy-gradient loss (``grpo.loss_type``) and what the rest of rlft needs to know
+    about it; its function is in :mod:`rlft.grpo.losses`.
+
+    * ``uses_ratio``: the loss weighs each token by an importance ratio π_θ / π_old, so a batch
+      sampled by older weights is corrected; without one, asynchronous rollouts warn.
+    * ``uses_groups``: the loss reads group-relative advantages; False (raw rewards) means one
+      response per prompt (``grpo.group_size`` must be 1).
+    * ``requires``: ``grpo.*`` settings that must be set (not null) for this loss.
+    """
+
+    name: str
+    uses_ratio: bool
+    uses_groups: bool = True
+    requires: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """A group-relative advantage estimator (``grpo.advantage_estimator``) and what the config checks
+    need to know about it; its function is in :mod:`rlft.grpo.advantages`.
+
+    * ``divides_by_std``: it divides by (group std + ``grpo.advantage_eps``), so that eps must be
+      > 0 (a group whose rewards are all equal would divide 0 by 0).
+    """
+
+    name: str
+    divides_by_std: bool
+
+
+@dataclass(frozen=True)
+class KLEstimator:
+    """A per-token estimator of KL(π ‖ π_ref) from tokens sampled from π (``grpo.kl_estimator``), and
+    its properties; its function is in :mod:`rlft.grpo.kl`.
+
+    * ``unbiased``: its mean over tokens sampled from π is KL(π ‖ π_ref).
+    * ``nonnegative``: every per-token value is >= 0 (a logged KL never goes below 0).
+    """
+
+    name: str
+    unbiased: bool
+    nonnegative: bool
+
+
+# rlft's own choices, in the order the config's messages list them.
+POLICY_LOSSES: dict[str, PolicyLoss] = {r.name: r for r in (
+    PolicyLoss("no_baseline", uses_ratio=False, uses_groups=False),
+    PolicyLoss("reinforce_with_baseline", uses_ratio=False),
+    PolicyLoss("grpo_clip", uses_ratio=True),
+    PolicyLoss("dapo", uses_ratio=True, requires=("cliprange_high",)),
+    PolicyLoss("gspo", uses_ratio=True),
+)}
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {r.name: r for r in (
+    AdvantageEstimator("grpo", divides_by_std=True),
+    AdvantageEstimator("dr_grpo", divides_by_std=False),
+)}
+KL_ESTIMATORS: dict[str, KLEstimator] = {r.name: r for r in (
+    KLEstimator("k1", unbiased=True, nonnegative=False),
+    KLEstimator("k2", unbiased=False, nonnegative=True),
+    KLEstimator("k3", unbiased=True, nonnegative=True),
+)}
+AGGREGATION_MODES = ("sequence", "token", "constant")
+ROLLOUT_IS_MODES = ("none", "tis")
+
+F = TypeVar("F", bound=Callable)
+
+
+class Implementations(dict):
+    """The functions of one registry's records, by name: kept by the module that holds their maths,
+    which attaches each one with :meth:`of`."""
+
+    def __init__(self, records: dict, kind: str) -> None:
+        super().__init__()
+        self.records, self.kind = records, kind
+
+    def of(self, name: str) -> Callable[[F], F]:
+        """Decorator: the function is that of the record ``name`` declared above."""
+
+        def attach(fn: F) -> F:
+            if name not in self.records:
+                raise ValueError(f"{self.kind} {name!r} has no record in rlft.grpo.choices")
+            if name in self:
+                raise ValueError(f"{self.kind} {name!r} already has a function")
+            self[name] = fn
+            return fn
+
+        return attach
+
+    def register(self, record) -> Callable[[F], F]:
+        """Decorator adding ``record`` to the records, with the function as its own: a choice that is
+        not one of rlft's own (a test's, say), known wherever the module registering it is imported,
+        so not to `rlft.launch_plan`."""
+
+        def add(fn: F) -> F:
+            if record.name in self.records:
+                raise ValueError(f"{self.kind} {record.name!r} is already registered")
+            self.records[record.name] = record
+            self[record.name] = fn
+            return fn
+
+        return add
