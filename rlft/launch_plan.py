@@ -33,6 +33,7 @@ from pathlib import Path
 from rlft.common import free_port
 from rlft.config import ConfigError, RunConfig, TopologyConfig, load_config_or_exit
 from rlft.preflight import preflight
+from rlft.runtime.outdir_lock import OutputDirInUse
 
 DEFAULT_MULTINODE_PORT = 29500
 # DeepSpeed's MPI launchers start every slot of the hostfile and refuse --num_nodes / --num_gpus.
@@ -206,6 +207,9 @@ def main(argv: list[str] | None = None) -> None:
         preflight(cfg, args.module)
     except ConfigError as e:
         print(f"rlft: config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except OutputDirInUse as e:  # the line rank 0 would print
+        print(f"rlft: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     print(plan.shell())
 

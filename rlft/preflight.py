@@ -1,8 +1,8 @@
 """What `launch/train.sh` and `launch/sft.sh` refuse before any rank starts.
 
-A run that cannot start (no starting model; a checkpoint it cannot resume: another layout, other
-settings that cannot change on resume; `output.resume=never` in a directory another run has
-used) or cannot learn (a group of one under a loss that
+A run that cannot start (no starting model; an output directory a running launch holds; a
+checkpoint it cannot resume: another layout, other settings that cannot change on resume;
+`output.resume=never` in a directory another run has used) or cannot learn (a group of one under a loss that
 learns from differences within a group; fewer training rows than one step draws) is refused here,
 by `rlft.launch_plan`, with one line and exit status 2: nothing is written and no rank starts.
 The ranks check the same again where only they can (rows dropped as unusable while loading).
@@ -62,5 +62,8 @@ def preflight(cfg: RunConfig, module: str | None) -> None:
         check_grpo_can_learn(cfg)
     if module is not None:
         from rlft.runtime.checkpoint import resume_point
+        from rlft.runtime.outdir_lock import OutputDirLock
+
+        OutputDirLock(cfg.output.dir).check_free()  # a running launch holds it (rank 0 checks again)
 
         resume_point(cfg)  # resume=never on a used directory, a checkpoint of other settings or layout

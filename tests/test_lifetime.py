@@ -123,7 +123,8 @@ def test_stopping_the_launcher_stops_every_rank_and_a_second_launch_is_refused(s
                                 timeout=600, env=dict(os.environ, RLFT_PROGRESS="0"))
         assert second.returncode == 2, second.stderr[-4000:]
         refusal = [line for line in second.stderr.splitlines() if "is in use by another launch" in line]
-        assert len(refusal) == 1, second.stderr[-4000:]
+        assert len(refusal) == 1 and refusal[0].startswith("rlft: output.dir "), second.stderr[-4000:]
+        assert "rlft.train_grpo: 1 rank(s)" not in second.stderr  # refused before any rank started
         assert f"pid {ranks[0].pid} on " in refusal[0] and f"launching command is pid {runner.pid}" in refusal[0]
         assert first.proc.poll() is None and steps_done(out) >= 2  # the first launch runs on
 
@@ -212,9 +213,18 @@ def test_the_output_lock_names_its_holder_and_is_taken_over_when_the_holder_is_g
         with pytest.raises(OutputDirInUse) as e:
             OutputDirLock(tmp_path).acquire()
         assert f"pid {holder.pid} on " in str(e.value) and "launching command is pid 4242" in str(e.value)
+        # The launch's own check, before any rank starts, says the same and takes nothing.
+        with pytest.raises(OutputDirInUse) as probed:
+            OutputDirLock(tmp_path).check_free()
+        assert str(probed.value) == str(e.value)
     finally:
         holder.kill()
         holder.wait()
+    stale = (tmp_path / ".lock").read_text()
+    OutputDirLock(tmp_path).check_free()  # the holder is gone: free, and the record is left for the rank
+    assert (tmp_path / ".lock").read_text() == stale
+    OutputDirLock(tmp_path / "new").check_free()
+    assert not (tmp_path / "new").exists()
     lock = OutputDirLock(tmp_path)
     previous = lock.acquire()
     assert previous["pid"] == holder.pid  # stale: recognised and taken over

@@ -55,9 +55,7 @@ class OutputDirLock:
                 return None
             holder = _read(fd)
             os.close(fd)
-            raise OutputDirInUse(
-                f"output.dir {self.out_dir} is in use by another launch ({describe_holder(holder)}); wait for it to "
-                f"end, stop it, or choose another output.dir") from None
+            raise self._in_use(holder) from None
         previous = _read(fd)
         record = {"host": socket.gethostname(), "pid": os.getpid(), "launcher_pid": launcher_pid,
                   "command": command, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -66,6 +64,21 @@ class OutputDirLock:
         os.fsync(fd)
         self.fd = fd
         return previous or None
+
+    def check_free(self) -> None:
+        """Raise OutputDirInUse, as `acquire` would, when a running launch holds the lock; take
+        nothing and write nothing (the launch's own check, before any rank starts)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except OSError:  # no lock file (a new directory), or one this user cannot open: the rank decides
+            return
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EAGAIN):
+                raise self._in_use(_read(fd)) from None
+        finally:
+            os.close(fd)  # drops the probe's lock, if it got one
 
     def release(self) -> None:
         """Clear the record (a finished launch leaves nothing to take over) and drop the lock."""
@@ -77,6 +90,10 @@ class OutputDirLock:
             pass
         os.close(self.fd)  # the lock goes with the descriptor
         self.fd = None
+
+    def _in_use(self, holder: dict) -> OutputDirInUse:
+        return OutputDirInUse(f"output.dir {self.out_dir} is in use by another launch ({describe_holder(holder)}); "
+                              f"wait for it to end, stop it, or choose another output.dir")
 
     @property
     def held(self) -> bool:
