@@ -109,11 +109,9 @@ def read_steps(out: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    from conftest import taught_sums
-
+def setup(tmp_path_factory, taught_sums_dirs):
     root = tmp_path_factory.mktemp("two_nodes")
-    model, data = taught_sums(root, teach_steps=60, test_size=2)
+    model, data = taught_sums_dirs
     common = (f"model.path={model}", f"data.source={data}", "data.train_size=8", "data.eval_size=2",
               "data.prompt_template=r1_short", "sampling.max_tokens=16", "sampling.repetition_penalty=1.0",
               "grpo.group_size=2", "optim.rollout_batch_size=4", "optim.train_micro_batch_size=2",
