@@ -163,9 +163,9 @@ def convert_gguf(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | No
 
     Why not ``from_pretrained(gguf_file=...)`` + ``save_pretrained``: the GGUF-loaded model is
     flagged as quantized and refuses to save, and (in recent transformers) GGUF loading through
-    ``from_pretrained`` requires ``accelerate``. Instead a fresh model is built from the GGUF's
-    config and the dequantised tensors are loaded into it. The tokenizer gets a pad token (its eos
-    when it has none) so batching works out of the box.
+    ``from_pretrained`` requires ``accelerate``. Instead a model is built on the meta device from
+    the GGUF's config and the dequantised tensors become its parameters. The tokenizer gets a pad
+    token (its eos when it has none) so batching works out of the box.
     """
     from filelock import FileLock
 
@@ -220,9 +220,12 @@ def _convert_gguf_into(gguf_path: Path, out_dir: Path, start: float) -> None:
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     _fix_digit_splitting(tokenizer, gguf_path)
     progress("dequantising tensors")
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # On the meta device: the model only names the parameters (no memory, no random init);
+    # the file's tensors then become them.
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model)["tensors"]
-    result = model.load_state_dict(tensors, strict=False)
+    result = model.load_state_dict(tensors, strict=False, assign=True)
     # Tied output embeddings are absent from the file; anything else missing is a failed mapping.
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     missing = set(result.missing_keys) - tied
@@ -233,6 +236,9 @@ def _convert_gguf_into(gguf_path: Path, out_dir: Path, start: float) -> None:
         )
     if tied:
         model.tie_weights()
+    unset = [key for key, value in model.state_dict().items() if value.is_meta]
+    if unset:
+        raise RuntimeError(f"GGUF {gguf_path} left {type(model).__name__} without values for {unset}")
     progress("saving")
     model.save_pretrained(out_dir, safe_serialization=True)
     ensure_pad_token(tokenizer)
