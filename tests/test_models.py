@@ -129,10 +129,12 @@ def _llama_cpp_permute(weight: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weight.shape))
 
 
-def write_llama_gguf(model_dir: Path, out: Path) -> None:
-    """Write an HF Llama directory as an F32 GGUF, the way llama.cpp's converter lays it out
-    (tensor names, q/k permutation, gpt2-style tokenizer; no pad token id, to exercise the
-    converter's pad fallback)."""
+def write_llama_gguf(model_dir: Path, out: Path, *, types: dict | None = None, pre: str = "default",
+                     chat_template: str | None = None) -> None:
+    """Write an HF Llama directory as a GGUF, the way llama.cpp's converter lays it out (tensor
+    names, q/k permutation, gpt2-style tokenizer; no pad token id, to exercise the converter's pad
+    fallback). Tensors are F32 unless `types` maps their GGUF name without `blk.N.` / `.weight`
+    (`attn_q`, `token_embd`, ...) to a `gguf.GGMLQuantizationType`."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -158,13 +160,15 @@ def write_llama_gguf(model_dir: Path, out: Path) -> None:
     tokens = sorted(vocab, key=vocab.get)
     specials = {t["content"] for t in tok["added_tokens"]}
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types([gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL
                             for t in tokens])
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
     writer.add_bos_token_id(cfg["bos_token_id"])
     writer.add_eos_token_id(cfg["eos_token_id"])
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
 
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
     parts = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -179,7 +183,14 @@ def write_llama_gguf(model_dir: Path, out: Path) -> None:
             array = _llama_cpp_permute(array, n_head)
         elif ".k_proj." in hf_name:
             array = _llama_cpp_permute(array, n_kv)
-        writer.add_tensor(names[hf_name], np.ascontiguousarray(array, dtype=np.float32))
+        name, array = names[hf_name], np.ascontiguousarray(array, dtype=np.float32)
+        qtype = (types or {}).get(name.split(".")[-2], gguf.GGMLQuantizationType.F32)
+        if qtype == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, array)
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(name, array.astype(np.float16))
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -221,6 +232,86 @@ def test_gguf_conversion_round_trip(tmp_path):
     assert convert_gguf(gguf_file, cache) == converted
     assert os.stat(Path(converted) / "model.safetensors").st_mtime_ns == stamp
     assert not [p for p in cache.iterdir() if p.name.startswith(".gguf")]   # no temp dirs left
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def gguf_reader_state(reader) -> tuple:
+    """What a gguf.GGUFReader exposes (fields with their parts, tensors with their data), as
+    comparable values."""
+    fields = [(f.offset, f.name, f.data, [int(t) for t in f.types],
+               [(p.dtype.str, p.shape, p.tobytes()) for p in f.parts]) for f in reader.fields.values()]
+    tensors = [(t.name, int(t.tensor_type), t.shape.tolist(), t.n_elements, t.n_bytes, t.data_offset,
+                t.data.dtype.str, t.data.shape, t.data.tobytes()) for t in reader.tensors]
+    return fields, tensors, reader.byte_order, reader.alignment, reader.data_offset, reader.endianess
+
+
+def write_empty_arrays_gguf(path: Path) -> None:
+    """A GGUF holding only empty arrays (gguf's writer refuses to write them, llama.cpp's does not)."""
+    import struct
+
+    def kv(key: str, element_type: int) -> bytes:
+        return struct.pack("<Q", len(key)) + key.encode() + struct.pack("<IIQ", 9, element_type, 0)
+
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + kv("test.no_strings", 8) + kv("test.no_ints", 5))
+
+
+def test_mapped_gguf_reader_reads_what_gguf_reader_reads(tmp_path):
+    import gguf
+
+    from rlft.gguf_reading import MappedGGUFReader
+
+    source = Path(tiny_model_dir(tmp_path / "src", family="llama", num_layers=1, num_kv_heads=1))
+    llama = tmp_path / "llama.gguf"
+    Q = gguf.GGMLQuantizationType
+    write_llama_gguf(source, llama, types={"attn_q": Q.Q4_0, "attn_k": Q.Q5_1, "ffn_up": Q.F16},
+                     chat_template=CHAT_TEMPLATE)
+    # Every metadata value type, arrays of them, an array of arrays.
+    assorted = tmp_path / "assorted.gguf"
+    writer = gguf.GGUFWriter(str(assorted), "llama")
+    writer.add_array("test.strings", ["a", "", "ünï", "<|im_start|>"])
+    writer.add_array("test.floats", [1.5, -2.25])
+    writer.add_array("test.bools", [True, False, True])
+    writer.add_array("test.nested", [[1, 2], [3]])
+    for add, value in [(writer.add_uint8, 7), (writer.add_int8, -7), (writer.add_uint16, 700),
+                       (writer.add_int16, -700), (writer.add_uint32, 7 << 20), (writer.add_int32, -7 << 20),
+                       (writer.add_uint64, 7 << 40), (writer.add_int64, -7 << 40), (writer.add_float32, 0.1),
+                       (writer.add_float64, 0.1), (writer.add_bool, True), (writer.add_string, "text")]:
+        add(f"test.{add.__name__}", value)
+    writer.add_tensor("x", np.arange(64, dtype=np.float32))
+    writer.add_tensor("y", gguf.quants.quantize(np.linspace(-1, 1, 64, dtype=np.float32), Q.Q8_0), raw_dtype=Q.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    empty = tmp_path / "empty.gguf"
+    write_empty_arrays_gguf(empty)
+
+    for path in (llama, assorted, empty):
+        mapped, plain = MappedGGUFReader(str(path)), gguf.GGUFReader(str(path))
+        assert gguf_reader_state(mapped) == gguf_reader_state(plain), path.name
+        assert {k: f.contents() for k, f in mapped.fields.items()} == {k: f.contents() for k, f in plain.fields.items()}
+    assert MappedGGUFReader(str(empty)).fields["test.no_strings"].types == [gguf.GGUFValueType.ARRAY]
+
+
+def test_gguf_loading_shortcuts_are_undone(tmp_path):
+    import gguf
+
+    from rlft.gguf_reading import MappedGGUFReader, gguf_loading_shortcuts
+
+    path, other = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    write_empty_arrays_gguf(path)
+    write_empty_arrays_gguf(other)
+    originals = gguf.GGUFReader, gguf.get_tensor_name_map
+    reader = MappedGGUFReader(str(path))
+    with pytest.raises(KeyError), gguf_loading_shortcuts(path, reader):
+        assert gguf.GGUFReader(str(path)) is reader
+        assert gguf.GGUFReader(path.parent / "." / path.name) is reader
+        assert type(gguf.GGUFReader(str(other))) is originals[0]
+        raise KeyError("leaving by an exception")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == originals
 
 
 @pytest.mark.skipif(os.environ.get("RLFT_SLOW") != "1", reason="set RLFT_SLOW=1 (converts 93 MB)")
