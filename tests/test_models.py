@@ -296,6 +296,36 @@ def test_mapped_gguf_reader_reads_what_gguf_reader_reads(tmp_path):
     assert MappedGGUFReader(str(empty)).fields["test.no_strings"].types == [gguf.GGUFValueType.ARRAY]
 
 
+def test_dequantize_is_gguf_bit_for_bit(monkeypatch):
+    """Random bytes through every format gguf reads (NaN and inf scales included): the same float32
+    bits as gguf.dequantize, in one chunk or many, on one thread or a pool."""
+    import warnings
+    from concurrent.futures import ThreadPoolExecutor
+
+    import gguf
+
+    from rlft import gguf_reading
+
+    rng = np.random.default_rng(0)
+    formats = [gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, *gguf.quants._type_traits]
+    with ThreadPoolExecutor(2) as pool, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # NaN/inf from random scales, in both
+        for chunk in (1 << 18, 64):
+            monkeypatch.setattr(gguf_reading, "_CHUNK_VALUES", chunk)
+            for qtype in formats:
+                block_values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+                data = rng.integers(0, 256, size=(5, block_bytes * (256 // block_values) * 2), dtype=np.uint8)
+                if qtype == gguf.GGMLQuantizationType.F32:
+                    data = data.view(np.float32)
+                elif qtype == gguf.GGMLQuantizationType.F16:
+                    data = data.view(np.float16)
+                expected = gguf.dequantize(data, qtype)
+                for executor in (None, pool):
+                    got = gguf_reading.dequantize(data, qtype, pool=executor)
+                    assert got.dtype == np.float32 and got.shape == expected.shape, qtype.name
+                    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32)), qtype.name
+
+
 def test_gguf_loading_shortcuts_are_undone(tmp_path):
     import gguf
 
@@ -304,14 +334,14 @@ def test_gguf_loading_shortcuts_are_undone(tmp_path):
     path, other = tmp_path / "a.gguf", tmp_path / "b.gguf"
     write_empty_arrays_gguf(path)
     write_empty_arrays_gguf(other)
-    originals = gguf.GGUFReader, gguf.get_tensor_name_map
+    originals = gguf.GGUFReader, gguf.dequantize, gguf.get_tensor_name_map
     reader = MappedGGUFReader(str(path))
     with pytest.raises(KeyError), gguf_loading_shortcuts(path, reader):
         assert gguf.GGUFReader(str(path)) is reader
         assert gguf.GGUFReader(path.parent / "." / path.name) is reader
         assert type(gguf.GGUFReader(str(other))) is originals[0]
         raise KeyError("leaving by an exception")
-    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == originals
+    assert (gguf.GGUFReader, gguf.dequantize, gguf.get_tensor_name_map) == originals
 
 
 @pytest.mark.skipif(os.environ.get("RLFT_SLOW") != "1", reason="set RLFT_SLOW=1 (converts 93 MB)")
