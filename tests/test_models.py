@@ -234,6 +234,11 @@ def test_gguf_conversion_round_trip(tmp_path):
     assert not [p for p in cache.iterdir() if p.name.startswith(".gguf")]   # no temp dirs left
 
 
+# Chat markup, digits, unicode and plain prose, for comparing tokenizers.
+TOKENIZER_PROBES = [
+    SAMPLE, " 624", "12345678901234567890", "3.14 x 2 = 6.28", "<|endoftext|>", "<|im_start|>user\nHi<|im_end|>",
+    "naïve café ünïcödé", "日本語のテキスト", "emoji 🎉🚀", "Привет, мир", "\t\n  spaced  ", "def f(x):\n    return x**2",
+]
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
@@ -342,6 +347,69 @@ def test_gguf_loading_shortcuts_are_undone(tmp_path):
         assert type(gguf.GGUFReader(str(other))) is originals[0]
         raise KeyError("leaving by an exception")
     assert (gguf.GGUFReader, gguf.dequantize, gguf.get_tensor_name_map) == originals
+
+
+def test_quantized_gguf_converts_as_transformers_reads_it(tmp_path):
+    """A block-quantized GGUF (several formats, tied embeddings, a digit-splitting pre-tokenizer,
+    a chat template) converts to exactly what transformers' own GGUF loading gives for it."""
+    import gguf
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from rlft.models import _fix_digit_splitting, ensure_pad_token
+
+    source = Path(tiny_model_dir(tmp_path / "src", family="llama", num_layers=2, num_kv_heads=1, seed=4))
+    gguf_file = tmp_path / "tiny-quantized.gguf"
+    Q = gguf.GGMLQuantizationType
+    write_llama_gguf(source, gguf_file, pre="smollm", chat_template=CHAT_TEMPLATE, types={
+        "token_embd": Q.Q8_0, "attn_q": Q.Q4_0, "attn_k": Q.Q5_0, "attn_v": Q.Q4_1, "attn_output": Q.Q5_1,
+        "ffn_gate": Q.F16, "ffn_up": Q.BF16, "ffn_down": Q.Q8_0})
+    converted = Path(convert_gguf(gguf_file, tmp_path / "cache"))
+
+    # The reference: transformers' GGUF loading on its own, into a model built the ordinary way.
+    folder, name = str(gguf_file.parent), gguf_file.name
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    assert config.tie_word_embeddings
+    reference = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(gguf_file), return_tensors=True, model_to_load=reference)["tensors"]
+    saved = load_file(str(converted / "model.safetensors"))
+    assert sorted(saved) == sorted(tensors)   # the tied output head is not stored
+    for key, value in tensors.items():
+        assert torch.equal(saved[key], value), key
+    # The values are the blocks' own: q dequantised by gguf, then llama.cpp's row order undone.
+    q_blocks = next(t for t in gguf.GGUFReader(str(gguf_file)).tensors if t.name == "blk.0.attn_q.weight")
+    q = gguf.dequantize(q_blocks.data, q_blocks.tensor_type)
+    n_head = config.num_attention_heads
+    unpermuted = q.reshape(n_head, q.shape[0] // n_head // 2, 2, -1).swapaxes(1, 2).reshape(q.shape)
+    assert torch.equal(saved["model.layers.0.self_attn.q_proj.weight"], torch.from_numpy(unpermuted))
+
+    reference.load_state_dict(tensors, strict=False)
+    reference.tie_weights()
+    restored = load_causal_lm(str(converted), dtype="fp32")
+    assert restored.lm_head.weight.data_ptr() == restored.model.embed_tokens.weight.data_ptr()
+    ids = torch.tensor([[5, 17, 42, 99, 7, 0, 399]])
+    with torch.no_grad():
+        assert torch.equal(restored(ids).logits, reference(ids).logits)
+    expected_config = config.to_dict()
+    for key in ("dtype", "architectures", "transformers_version", "_name_or_path"):
+        expected_config.pop(key, None)
+    assert {k: v for k, v in restored.config.to_dict().items() if k in expected_config} == expected_config
+
+    tok_ref = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    _fix_digit_splitting(tok_ref, gguf.GGUFReader(str(gguf_file)))
+    ensure_pad_token(tok_ref)
+    tok = load_tokenizer(str(converted))
+    for text in TOKENIZER_PROBES:
+        assert tok(text)["input_ids"] == tok_ref(text)["input_ids"], text
+        assert tok.decode(tok(text)["input_ids"]) == tok_ref.decode(tok_ref(text)["input_ids"]), text
+    # "smollm" pre-tokenization: every digit its own piece (the tiny vocabulary has no digit merges
+    # to show it in the ids).
+    pieces = [piece for piece, _ in tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str(" 624")]
+    assert pieces == ["Ġ", "6", "2", "4"]
+    assert tok.backend_tokenizer.to_str() == tok_ref.backend_tokenizer.to_str()
+    assert tok.chat_template == tok_ref.chat_template == CHAT_TEMPLATE
+    assert (tok.pad_token, tok.eos_token, tok.bos_token) == (tok_ref.pad_token, tok_ref.eos_token, tok_ref.bos_token)
 
 
 @pytest.mark.skipif(os.environ.get("RLFT_SLOW") != "1", reason="set RLFT_SLOW=1 (converts 93 MB)")
