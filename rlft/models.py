@@ -163,9 +163,10 @@ def convert_gguf(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | No
 
     Why not ``from_pretrained(gguf_file=...)`` + ``save_pretrained``: the GGUF-loaded model is
     flagged as quantized and refuses to save, and (in recent transformers) GGUF loading through
-    ``from_pretrained`` requires ``accelerate``. Instead a fresh model is built from the GGUF's
-    config and the dequantised tensors are loaded into it. The tokenizer gets a pad token (its eos
-    when it has none) so batching works out of the box.
+    ``from_pretrained`` requires ``accelerate``. Instead a model is built on the meta device from
+    the GGUF's config and the dequantised tensors become its parameters. The file is parsed once
+    for the config, the tokenizer and the weights (:mod:`rlft.gguf_reading`). The tokenizer gets a
+    pad token (its eos when it has none) so batching works out of the box.
     """
     from filelock import FileLock
 
@@ -209,20 +210,28 @@ def _convert_gguf_into(gguf_path: Path, out_dir: Path, start: float) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
+    from rlft.gguf_reading import MappedGGUFReader, gguf_loading_shortcuts
+
     folder, name = str(gguf_path.parent), gguf_path.name
 
     def progress(step: str) -> None:
         logger.info("gguf conversion [%5.1f s]: %s", time.monotonic() - start, step)
 
     progress("reading config")
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    progress("reading tokenizer")
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    _fix_digit_splitting(tokenizer, gguf_path)
-    progress("dequantising tensors")
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model)["tensors"]
-    result = model.load_state_dict(tensors, strict=False)
+    # One parse of the file serves the config, the tokenizer and the weights (see rlft.gguf_reading).
+    reader = MappedGGUFReader(gguf_path)
+    with gguf_loading_shortcuts(gguf_path, reader):
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        progress("reading tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        _fix_digit_splitting(tokenizer, reader)
+        progress("dequantising tensors")
+        # On the meta device: the model only names the parameters (no memory, no random init);
+        # the file's tensors then become them.
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model)["tensors"]
+    result = model.load_state_dict(tensors, strict=False, assign=True)
     # Tied output embeddings are absent from the file; anything else missing is a failed mapping.
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     missing = set(result.missing_keys) - tied
@@ -233,6 +242,9 @@ def _convert_gguf_into(gguf_path: Path, out_dir: Path, start: float) -> None:
         )
     if tied:
         model.tie_weights()
+    unset = [key for key, value in model.state_dict().items() if value.is_meta]
+    if unset:
+        raise RuntimeError(f"GGUF {gguf_path} left {type(model).__name__} without values for {unset}")
     progress("saving")
     model.save_pretrained(out_dir, safe_serialization=True)
     ensure_pad_token(tokenizer)
@@ -247,11 +259,12 @@ def _convert_gguf_into(gguf_path: Path, out_dir: Path, start: float) -> None:
 _DIGIT_SPLIT_PRE_TYPES = {"smollm", "starcoder", "refact", "codeshell"}
 
 
-def _fix_digit_splitting(tokenizer: Any, gguf_path: Path) -> None:
-    from gguf import GGUFReader
+def _fix_digit_splitting(tokenizer: Any, reader: Any) -> None:
+    """Give ``tokenizer`` llama.cpp's digit splitting when the file's (``reader``, a
+    ``gguf.GGUFReader``) pre-tokenizer type asks for it."""
     from tokenizers import pre_tokenizers
 
-    field = GGUFReader(str(gguf_path)).fields.get("tokenizer.ggml.pre")
+    field = reader.fields.get("tokenizer.ggml.pre")
     if field is None or field.contents() not in _DIGIT_SPLIT_PRE_TYPES:
         return
     tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([

@@ -129,10 +129,12 @@ def _llama_cpp_permute(weight: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weight.shape))
 
 
-def write_llama_gguf(model_dir: Path, out: Path) -> None:
-    """Write an HF Llama directory as an F32 GGUF, the way llama.cpp's converter lays it out
-    (tensor names, q/k permutation, gpt2-style tokenizer; no pad token id, to exercise the
-    converter's pad fallback)."""
+def write_llama_gguf(model_dir: Path, out: Path, *, types: dict | None = None, pre: str = "default",
+                     chat_template: str | None = None) -> None:
+    """Write an HF Llama directory as a GGUF, the way llama.cpp's converter lays it out (tensor
+    names, q/k permutation, gpt2-style tokenizer; no pad token id, to exercise the converter's pad
+    fallback). Tensors are F32 unless `types` maps their GGUF name without `blk.N.` / `.weight`
+    (`attn_q`, `token_embd`, ...) to a `gguf.GGMLQuantizationType`."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -158,13 +160,15 @@ def write_llama_gguf(model_dir: Path, out: Path) -> None:
     tokens = sorted(vocab, key=vocab.get)
     specials = {t["content"] for t in tok["added_tokens"]}
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types([gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL
                             for t in tokens])
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
     writer.add_bos_token_id(cfg["bos_token_id"])
     writer.add_eos_token_id(cfg["eos_token_id"])
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
 
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
     parts = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -179,7 +183,14 @@ def write_llama_gguf(model_dir: Path, out: Path) -> None:
             array = _llama_cpp_permute(array, n_head)
         elif ".k_proj." in hf_name:
             array = _llama_cpp_permute(array, n_kv)
-        writer.add_tensor(names[hf_name], np.ascontiguousarray(array, dtype=np.float32))
+        name, array = names[hf_name], np.ascontiguousarray(array, dtype=np.float32)
+        qtype = (types or {}).get(name.split(".")[-2], gguf.GGMLQuantizationType.F32)
+        if qtype == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, array)
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(name, array.astype(np.float16))
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -221,6 +232,184 @@ def test_gguf_conversion_round_trip(tmp_path):
     assert convert_gguf(gguf_file, cache) == converted
     assert os.stat(Path(converted) / "model.safetensors").st_mtime_ns == stamp
     assert not [p for p in cache.iterdir() if p.name.startswith(".gguf")]   # no temp dirs left
+
+
+# Chat markup, digits, unicode and plain prose, for comparing tokenizers.
+TOKENIZER_PROBES = [
+    SAMPLE, " 624", "12345678901234567890", "3.14 x 2 = 6.28", "<|endoftext|>", "<|im_start|>user\nHi<|im_end|>",
+    "naïve café ünïcödé", "日本語のテキスト", "emoji 🎉🚀", "Привет, мир", "\t\n  spaced  ", "def f(x):\n    return x**2",
+]
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def gguf_reader_state(reader) -> tuple:
+    """What a gguf.GGUFReader exposes (fields with their parts, tensors with their data), as
+    comparable values."""
+    fields = [(f.offset, f.name, f.data, [int(t) for t in f.types],
+               [(p.dtype.str, p.shape, p.tobytes()) for p in f.parts]) for f in reader.fields.values()]
+    tensors = [(t.name, int(t.tensor_type), t.shape.tolist(), t.n_elements, t.n_bytes, t.data_offset,
+                t.data.dtype.str, t.data.shape, t.data.tobytes()) for t in reader.tensors]
+    return fields, tensors, reader.byte_order, reader.alignment, reader.data_offset, reader.endianess
+
+
+def write_empty_arrays_gguf(path: Path) -> None:
+    """A GGUF holding only empty arrays (gguf's writer refuses to write them, llama.cpp's does not)."""
+    import struct
+
+    def kv(key: str, element_type: int) -> bytes:
+        return struct.pack("<Q", len(key)) + key.encode() + struct.pack("<IIQ", 9, element_type, 0)
+
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + kv("test.no_strings", 8) + kv("test.no_ints", 5))
+
+
+def test_mapped_gguf_reader_reads_what_gguf_reader_reads(tmp_path):
+    import gguf
+
+    from rlft.gguf_reading import MappedGGUFReader
+
+    source = Path(tiny_model_dir(tmp_path / "src", family="llama", num_layers=1, num_kv_heads=1))
+    llama = tmp_path / "llama.gguf"
+    Q = gguf.GGMLQuantizationType
+    write_llama_gguf(source, llama, types={"attn_q": Q.Q4_0, "attn_k": Q.Q5_1, "ffn_up": Q.F16},
+                     chat_template=CHAT_TEMPLATE)
+    # Every metadata value type, arrays of them, an array of arrays.
+    assorted = tmp_path / "assorted.gguf"
+    writer = gguf.GGUFWriter(str(assorted), "llama")
+    writer.add_array("test.strings", ["a", "", "ünï", "<|im_start|>"])
+    writer.add_array("test.floats", [1.5, -2.25])
+    writer.add_array("test.bools", [True, False, True])
+    writer.add_array("test.nested", [[1, 2], [3]])
+    for add, value in [(writer.add_uint8, 7), (writer.add_int8, -7), (writer.add_uint16, 700),
+                       (writer.add_int16, -700), (writer.add_uint32, 7 << 20), (writer.add_int32, -7 << 20),
+                       (writer.add_uint64, 7 << 40), (writer.add_int64, -7 << 40), (writer.add_float32, 0.1),
+                       (writer.add_float64, 0.1), (writer.add_bool, True), (writer.add_string, "text")]:
+        add(f"test.{add.__name__}", value)
+    writer.add_tensor("x", np.arange(64, dtype=np.float32))
+    writer.add_tensor("y", gguf.quants.quantize(np.linspace(-1, 1, 64, dtype=np.float32), Q.Q8_0), raw_dtype=Q.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    empty = tmp_path / "empty.gguf"
+    write_empty_arrays_gguf(empty)
+
+    for path in (llama, assorted, empty):
+        mapped, plain = MappedGGUFReader(str(path)), gguf.GGUFReader(str(path))
+        assert gguf_reader_state(mapped) == gguf_reader_state(plain), path.name
+        assert {k: f.contents() for k, f in mapped.fields.items()} == {k: f.contents() for k, f in plain.fields.items()}
+    assert MappedGGUFReader(str(empty)).fields["test.no_strings"].types == [gguf.GGUFValueType.ARRAY]
+
+
+def test_dequantize_is_gguf_bit_for_bit(monkeypatch):
+    """Random bytes through every format gguf reads (NaN and inf scales included): the same float32
+    bits as gguf.dequantize, in one chunk or many, on one thread or a pool."""
+    import warnings
+    from concurrent.futures import ThreadPoolExecutor
+
+    import gguf
+
+    from rlft import gguf_reading
+
+    rng = np.random.default_rng(0)
+    formats = [gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, *gguf.quants._type_traits]
+    with ThreadPoolExecutor(2) as pool, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # NaN/inf from random scales, in both
+        for chunk in (1 << 18, 64):
+            monkeypatch.setattr(gguf_reading, "_CHUNK_VALUES", chunk)
+            for qtype in formats:
+                block_values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+                data = rng.integers(0, 256, size=(5, block_bytes * (256 // block_values) * 2), dtype=np.uint8)
+                if qtype == gguf.GGMLQuantizationType.F32:
+                    data = data.view(np.float32)
+                elif qtype == gguf.GGMLQuantizationType.F16:
+                    data = data.view(np.float16)
+                expected = gguf.dequantize(data, qtype)
+                for executor in (None, pool):
+                    got = gguf_reading.dequantize(data, qtype, pool=executor)
+                    assert got.dtype == np.float32 and got.shape == expected.shape, qtype.name
+                    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32)), qtype.name
+
+
+def test_gguf_loading_shortcuts_are_undone(tmp_path):
+    import gguf
+
+    from rlft.gguf_reading import MappedGGUFReader, gguf_loading_shortcuts
+
+    path, other = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    write_empty_arrays_gguf(path)
+    write_empty_arrays_gguf(other)
+    originals = gguf.GGUFReader, gguf.dequantize, gguf.get_tensor_name_map
+    reader = MappedGGUFReader(str(path))
+    with pytest.raises(KeyError), gguf_loading_shortcuts(path, reader):
+        assert gguf.GGUFReader(str(path)) is reader
+        assert gguf.GGUFReader(path.parent / "." / path.name) is reader
+        assert type(gguf.GGUFReader(str(other))) is originals[0]
+        raise KeyError("leaving by an exception")
+    assert (gguf.GGUFReader, gguf.dequantize, gguf.get_tensor_name_map) == originals
+
+
+def test_quantized_gguf_converts_as_transformers_reads_it(tmp_path):
+    """A block-quantized GGUF (several formats, tied embeddings, a digit-splitting pre-tokenizer,
+    a chat template) converts to exactly what transformers' own GGUF loading gives for it."""
+    import gguf
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from rlft.models import _fix_digit_splitting, ensure_pad_token
+
+    source = Path(tiny_model_dir(tmp_path / "src", family="llama", num_layers=2, num_kv_heads=1, seed=4))
+    gguf_file = tmp_path / "tiny-quantized.gguf"
+    Q = gguf.GGMLQuantizationType
+    write_llama_gguf(source, gguf_file, pre="smollm", chat_template=CHAT_TEMPLATE, types={
+        "token_embd": Q.Q8_0, "attn_q": Q.Q4_0, "attn_k": Q.Q5_0, "attn_v": Q.Q4_1, "attn_output": Q.Q5_1,
+        "ffn_gate": Q.F16, "ffn_up": Q.BF16, "ffn_down": Q.Q8_0})
+    converted = Path(convert_gguf(gguf_file, tmp_path / "cache"))
+
+    # The reference: transformers' GGUF loading on its own, into a model built the ordinary way.
+    folder, name = str(gguf_file.parent), gguf_file.name
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    assert config.tie_word_embeddings
+    reference = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(gguf_file), return_tensors=True, model_to_load=reference)["tensors"]
+    saved = load_file(str(converted / "model.safetensors"))
+    assert sorted(saved) == sorted(tensors)   # the tied output head is not stored
+    for key, value in tensors.items():
+        assert torch.equal(saved[key], value), key
+    # The values are the blocks' own: q dequantised by gguf, then llama.cpp's row order undone.
+    q_blocks = next(t for t in gguf.GGUFReader(str(gguf_file)).tensors if t.name == "blk.0.attn_q.weight")
+    q = gguf.dequantize(q_blocks.data, q_blocks.tensor_type)
+    n_head = config.num_attention_heads
+    unpermuted = q.reshape(n_head, q.shape[0] // n_head // 2, 2, -1).swapaxes(1, 2).reshape(q.shape)
+    assert torch.equal(saved["model.layers.0.self_attn.q_proj.weight"], torch.from_numpy(unpermuted))
+
+    reference.load_state_dict(tensors, strict=False)
+    reference.tie_weights()
+    restored = load_causal_lm(str(converted), dtype="fp32")
+    assert restored.lm_head.weight.data_ptr() == restored.model.embed_tokens.weight.data_ptr()
+    ids = torch.tensor([[5, 17, 42, 99, 7, 0, 399]])
+    with torch.no_grad():
+        assert torch.equal(restored(ids).logits, reference(ids).logits)
+    expected_config = config.to_dict()
+    for key in ("dtype", "architectures", "transformers_version", "_name_or_path"):
+        expected_config.pop(key, None)
+    assert {k: v for k, v in restored.config.to_dict().items() if k in expected_config} == expected_config
+
+    tok_ref = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    _fix_digit_splitting(tok_ref, gguf.GGUFReader(str(gguf_file)))
+    ensure_pad_token(tok_ref)
+    tok = load_tokenizer(str(converted))
+    for text in TOKENIZER_PROBES:
+        assert tok(text)["input_ids"] == tok_ref(text)["input_ids"], text
+        assert tok.decode(tok(text)["input_ids"]) == tok_ref.decode(tok_ref(text)["input_ids"]), text
+    # "smollm" pre-tokenization: every digit its own piece (the tiny vocabulary has no digit merges
+    # to show it in the ids).
+    pieces = [piece for piece, _ in tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str(" 624")]
+    assert pieces == ["Ġ", "6", "2", "4"]
+    assert tok.backend_tokenizer.to_str() == tok_ref.backend_tokenizer.to_str()
+    assert tok.chat_template == tok_ref.chat_template == CHAT_TEMPLATE
+    assert (tok.pad_token, tok.eos_token, tok.bos_token) == (tok_ref.pad_token, tok_ref.eos_token, tok_ref.bos_token)
 
 
 @pytest.mark.skipif(os.environ.get("RLFT_SLOW") != "1", reason="set RLFT_SLOW=1 (converts 93 MB)")
