@@ -32,6 +32,22 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf import quants as gguf_quants
 
 
+# The gguf releases whose reader internals (`_get_field_parts`, `_get`, the quant classes) the
+# shortcuts below were checked against, bit for bit, by tests/test_models.py.
+CHECKED_GGUF_VERSIONS = ("0.19.",)
+
+
+def shortcuts_apply() -> bool:
+    """Whether the installed gguf is one the shortcuts were checked against (otherwise a conversion
+    takes gguf's own, slower, path)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf").startswith(CHECKED_GGUF_VERSIONS)
+    except PackageNotFoundError:
+        return False
+
+
 class MappedGGUFReader(GGUFReader):
     """``gguf.GGUFReader`` with the same result, faster.
 

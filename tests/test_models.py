@@ -412,6 +412,33 @@ def test_quantized_gguf_converts_as_transformers_reads_it(tmp_path):
     assert (tok.pad_token, tok.eos_token, tok.bos_token) == (tok_ref.pad_token, tok_ref.eos_token, tok_ref.bos_token)
 
 
+def test_an_unchecked_gguf_release_converts_the_slower_way_to_the_same_files(tmp_path, monkeypatch, caplog):
+    """With a gguf release the fast reading was not checked against, the conversion uses gguf's own
+    reader and dequantisation, and writes the same tensors and tokenizer."""
+    import logging
+
+    import gguf
+    from safetensors.torch import load_file
+
+    import rlft.gguf_reading as fast
+
+    source = Path(tiny_model_dir(tmp_path / "src", family="llama", num_layers=2, num_kv_heads=1, seed=4))
+    gguf_file = tmp_path / "tiny-quantized.gguf"
+    Q = gguf.GGMLQuantizationType
+    write_llama_gguf(source, gguf_file, pre="smollm", chat_template=CHAT_TEMPLATE,
+                     types={"token_embd": Q.Q8_0, "attn_q": Q.Q4_0, "ffn_down": Q.Q5_1})
+    quick = Path(convert_gguf(gguf_file, tmp_path / "fast"))
+    monkeypatch.setattr(fast, "CHECKED_GGUF_VERSIONS", ("0.0.",))
+    opened = []
+    monkeypatch.setattr(fast.MappedGGUFReader, "__init__", lambda *a, **k: opened.append(a))
+    with caplog.at_level(logging.INFO, logger="rlft"):
+        slow = Path(convert_gguf(gguf_file, tmp_path / "slow"))
+    assert not opened and "reading it the slower way" in caplog.text
+    a, b = load_file(str(quick / "model.safetensors")), load_file(str(slow / "model.safetensors"))
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert (quick / "tokenizer.json").read_text() == (slow / "tokenizer.json").read_text()
+
+
 @pytest.mark.skipif(os.environ.get("RLFT_SLOW") != "1", reason="set RLFT_SLOW=1 (converts 93 MB)")
 def test_default_model_converts_and_generates():
     path = resolve_model_path(DEFAULT_MODEL)
