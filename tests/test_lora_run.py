@@ -4,7 +4,8 @@ Layout: ranks 0-1 a 2-stage policy pipeline with LoRA adapters; rank 1 also host
 evaluator and the reference, which is the policy's own pipeline with its adapters off. One run of 4
 steps straight (checkpoints at steps 2 and 4), and one resumed from a copy of its step-2 checkpoint:
 the resumed run must repeat the straight one. And
-SFT with LoRA through `launch/sft.sh` on the same layout and model (2 steps).
+SFT with LoRA through `launch/sft.sh` on the same layout and model (2 steps), and resumed from its
+step-1 checkpoint.
 """
 from __future__ import annotations
 
@@ -172,7 +173,7 @@ def test_weights_only_resume_takes_the_base_model_and_the_adapters(lora_runs, tm
 # ====================================================================== SFT with LoRA
 
 SFT_LORA = ("sft.train_size=8", "sft.batch_size=2", "sft.max_steps=2", "schedule.evaluate_freq=0",
-            "schedule.save_every=0", "optim.lr=1e-2", *LORA)
+            "schedule.save_every=1", "optim.lr=1e-2", *LORA)
 
 
 @pytest.fixture(scope="module")
@@ -240,3 +241,29 @@ def test_sft_with_lora_exports_base_plus_the_merged_delta(sft_lora_run):
         assert b.abs().max() > 0, name  # the adapter was trained
         torch.testing.assert_close(trained[name], base[name] + (b @ a) * scale, rtol=0, atol=1e-6)
         assert not torch.equal(trained[name], base[name])
+
+
+def test_sft_with_lora_resumes_exactly(sft_lora_run, tmp_path):
+    """Everything after the step-1 checkpoint dropped, the launch again: step 2 draws the same batch
+    and reaches the same loss, adapters and merged export."""
+    from safetensors.torch import load_file
+
+    first, out = sft_lora_run["out"], tmp_path / "run"
+    shutil.copytree(first, out)
+    shutil.rmtree(out / "checkpoints" / "step_000002")
+    shutil.rmtree(out / "model")
+    overrides = [o for o in sft_lora_run["overrides"] if not o.startswith("output.dir=")] + [f"output.dir={out}"]
+    res = subprocess.run(["bash", str(REPO / "launch" / "sft.sh"), str(SFT_CONFIG), *overrides], cwd=REPO,
+                         env=dict(os.environ, RLFT_PROGRESS="0"), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    assert "resuming from" in res.stderr and "(step 1)" in res.stderr
+    original, resumed = read_steps(first), read_steps(out)
+    assert [s["step"] for s in resumed] == [1, 2]
+    assert resumed[1]["loss"] == pytest.approx(original[1]["loss"], rel=1e-5)
+    assert resumed[1]["grad_norm"] == pytest.approx(original[1]["grad_norm"], rel=1e-4)
+    a, b = adapter_weights(first), adapter_weights(out)
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    merged = [{k: v for f in sorted((run / "model").glob("*.safetensors")) for k, v in load_file(f).items()}
+              for run in (first, out)]
+    assert merged[0].keys() == merged[1].keys()
+    assert all(torch.allclose(merged[0][k], merged[1][k], atol=1e-6) for k in merged[0])
