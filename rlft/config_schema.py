@@ -77,9 +77,15 @@ class DataConfig:
 class VLLMConfig:
     gpu_memory_utilization: float = 0.85
     max_model_len: int | None = None
-    enforce_eager: bool = False
+    # None: eager on CPU (vLLM's CPU torch.compile costs ~30 s at every start), compiled with CUDA graphs
+    # on GPUs; true / false: as said.
+    enforce_eager: bool | None = None
     sleep_mode: bool = False  # free the engine's GPU memory between uses when it shares a GPU
     kv_cache_memory_bytes: int | None = None  # CPU engines: KV cache size (default 256 MiB)
+
+    def eager(self, on_gpu: bool) -> bool:
+        """Whether the engine runs eagerly (`enforce_eager`, or its default for the device)."""
+        return not on_gpu if self.enforce_eager is None else self.enforce_eager
 
 
 # The sampling parameters' ranges, checked in one place for the config (sampling.*), the engines

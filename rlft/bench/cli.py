@@ -279,7 +279,7 @@ def raw_engine_spec(cfg, w: Workload, *, steps: int, use_gpu: bool, out_dir: Pat
     v = cfg.sampling.vllm
     return {"model": cfg.model.path, "steps": steps, "seed": cfg.seed, "out_dir": str(out_dir), "gpu": use_gpu,
             "dtype": resolve_dtype(cfg.model.dtype, "cuda" if use_gpu else "cpu"),
-            "gpu_memory_utilization": v.gpu_memory_utilization, "enforce_eager": v.enforce_eager or not use_gpu,
+            "gpu_memory_utilization": v.gpu_memory_utilization, "enforce_eager": v.eager(use_gpu),
             "max_model_len": v.max_model_len, "workload": dataclasses.asdict(w),
             "sampling": dataclasses.asdict(cfg.sampling), "prompts": trl_prompts(cfg, steps)}
 

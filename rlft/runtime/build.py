@@ -128,7 +128,7 @@ def engine_for_run(ctx: RankContext, model_path: str):
 def vllm_options(cfg: RunConfig, device_type: str) -> dict:
     """The vLLM engine's keyword arguments from `sampling.vllm`."""
     v = cfg.sampling.vllm
-    opts = {"enforce_eager": v.enforce_eager, "max_model_len": v.max_model_len,
+    opts = {"enforce_eager": v.eager(device_type == "cuda"), "max_model_len": v.max_model_len,
             "enable_sleep_mode": v.sleep_mode and device_type == "cuda"}
     if device_type == "cuda":
         opts["gpu_memory_utilization"] = v.gpu_memory_utilization
