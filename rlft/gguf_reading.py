@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -37,15 +38,25 @@ from gguf import quants as gguf_quants
 CHECKED_GGUF_VERSIONS = ("0.19.",)
 
 
-def shortcuts_apply() -> bool:
-    """Whether the installed gguf is one the shortcuts were checked against (otherwise a conversion
-    takes gguf's own, slower, path)."""
+@contextlib.contextmanager
+def conversion_reading(path: str | os.PathLike) -> Iterator[GGUFReader]:
+    """The file's reader for a conversion, parsed once. With a gguf release the shortcuts were checked
+    against, transformers' GGUF loading takes them (:func:`gguf_loading_shortcuts`) while inside;
+    with another, gguf's own reader and code serve, slower, and a log line says why."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("gguf").startswith(CHECKED_GGUF_VERSIONS)
+        installed = version("gguf")
     except PackageNotFoundError:
-        return False
+        installed = "(unknown)"
+    if installed.startswith(CHECKED_GGUF_VERSIONS):
+        reader = MappedGGUFReader(path)
+        with gguf_loading_shortcuts(path, reader):
+            yield reader
+    else:
+        logging.getLogger("rlft").info("gguf %s is not a release rlft's fast GGUF reading was checked against: "
+                                       "reading it the slower way", installed)
+        yield GGUFReader(path)
 
 
 class MappedGGUFReader(GGUFReader):

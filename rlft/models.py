@@ -14,8 +14,6 @@ A model spec is one of:
 
 from __future__ import annotations
 
-import contextlib
-
 import hashlib
 import importlib.util
 import json
@@ -212,9 +210,7 @@ def _convert_gguf_into(gguf_path: Path, out_dir: Path, start: float) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from gguf import GGUFReader
-
-    from rlft.gguf_reading import MappedGGUFReader, gguf_loading_shortcuts, shortcuts_apply
+    from rlft.gguf_reading import conversion_reading
 
     folder, name = str(gguf_path.parent), gguf_path.name
 
@@ -223,14 +219,7 @@ def _convert_gguf_into(gguf_path: Path, out_dir: Path, start: float) -> None:
 
     progress("reading config")
     # One parse of the file serves the config, the tokenizer and the weights (see rlft.gguf_reading).
-    if shortcuts_apply():
-        reader = MappedGGUFReader(gguf_path)
-        shortcuts = gguf_loading_shortcuts(gguf_path, reader)
-    else:
-        logger.info("gguf %s is not a release rlft's fast GGUF reading was checked against: reading it the "
-                    "slower way", _gguf_version())
-        reader, shortcuts = GGUFReader(gguf_path), contextlib.nullcontext()
-    with shortcuts:
+    with conversion_reading(gguf_path) as reader:
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
         progress("reading tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
@@ -267,12 +256,6 @@ def _convert_gguf_into(gguf_path: Path, out_dir: Path, start: float) -> None:
 # names and falls back to the plain GPT-2 split, which keeps " 624" in one piece for BPE; the
 # converted tokenizer gets the original's pre-tokenizer back (digits first, then byte-level).
 _DIGIT_SPLIT_PRE_TYPES = {"smollm", "starcoder", "refact", "codeshell"}
-
-
-def _gguf_version() -> str:
-    from importlib.metadata import version
-
-    return version("gguf")
 
 
 def _fix_digit_splitting(tokenizer: Any, reader: Any) -> None:
