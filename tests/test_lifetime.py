@@ -417,3 +417,27 @@ def test_the_last_steps_record_survives_a_failed_final_export(setup):
     assert "could not save checkpoint" in res.stderr, res.stderr[-4000:]
     (record,) = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert record["step"] == 1 and isinstance(record["loss"], float) and 0 <= record["reward/mean"] <= 1, record
+
+
+def test_peers_seen_going_together_name_rank_0_when_it_is_one_of_them():
+    # Rank 0 killed; rank 1 loses the store with it and stops a moment later; rank 2's watchdog,
+    # held up for longer than a poll, sees both gone in the same check: it names rank 0 alone.
+    # Without rank 0 among them, nothing tells the peers apart and all are named.
+    from types import SimpleNamespace
+
+    from rlft.runtime.watchdog import PeersSeen, _first_gone
+
+    bridge = SimpleNamespace(rank=2, world_size=4, peers=[{"pid": 100 + r} for r in range(4)])
+    describe = {0: "rank 0 (policy)", 1: "rank 1 (reference)", 3: "rank 3 (sampler)"}.get
+    seen = PeersSeen()
+    seen.gone_at = {0: 5.0, 1: 5.0, 3: 5.0}
+    seen.said = {0: None, 1: None, 3: None}
+    assert _first_gone(bridge, describe, None, seen, [0, 1, 3]) == (
+        "rank 0 (policy) is gone: its process (pid 100) ended, and the store it hosted with it, "
+        "so whether it left a message cannot be told (killed?)")
+    assert _first_gone(bridge, describe, None, seen, [1, 3]) == (
+        "rank 1 (reference) (pid 101) and rank 3 (sampler) (pid 103) are gone: their processes ended "
+        "together, and which went first cannot be told")
+    seen.said[3] = ""  # rank 3 left no message: killed, where rank 1's is unknown
+    assert _first_gone(bridge, describe, None, seen, [0, 1, 3]) == (
+        "rank 3 (sampler) is gone: its process (pid 103) ended without a message (killed?)")
