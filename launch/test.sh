@@ -2,13 +2,21 @@
 # Run the test suite on CPU (sets up the environment on first use).
 #   bash launch/test.sh              # everything (unit, multi-process DeepSpeed on gloo, vLLM on CPU)
 #   bash launch/test.sh -k grader    # any pytest arguments
+# Test files run two at a time on a machine with two cores or more (pytest-xdist; a file's tests stay
+# on one worker, so its fixtures are built once): most of the suite's time is spent waiting on
+# launches, not computing.  RLFT_TEST_WORKERS=N sets how many (0 or 1: one after the other, as
+# pdb and -s need).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/setup.sh" || exit 1
 cd "$here/.."
 export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES="" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 \
   TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
-python -m pytest -q --timeout=900 "$@"
+workers="${RLFT_TEST_WORKERS:-$(python -c 'import os; print(min(2, len(os.sched_getaffinity(0))))')}"
+[[ "$workers" =~ ^[0-9]+$ ]] || { echo "rlft: RLFT_TEST_WORKERS must be a whole number of workers, got '$workers'" >&2; exit 2; }
+parallel=()
+[ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadfile)
+python -m pytest -q --timeout=900 "${parallel[@]}" "$@"
 rc=$?
 # pytest's "no tests collected" is a failure of the suite, not a success.
 [ $rc -eq 5 ] && { echo "rlft: no tests were collected" >&2; exit 1; }
