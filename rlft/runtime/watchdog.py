@@ -255,8 +255,8 @@ def _first_gone(bridge: Bridge, describe: Callable[[int], str], beats: Heartbeat
     """Of the peers whose process ended, the one that ended first, and what it left in the store
     ("" nothing: killed?).  The others most likely stopped because of it (rank 0 took the store
     with it).  Peers seen going in the same check are told apart by what they left; when nothing
-    does, rank 0 is named if it is one of them (the others lose the store, its, when it ends and
-    stop a moment later), else all of them."""
+    does, rank 0 is named if it is one of them (the others lose its store when it ends and stop a
+    moment later), else all of them."""
     when = seen.gone_at if seen is not None else {}
     first = min(when.get(r, float("inf")) for r in gone)
     firsts = [r for r in gone if when.get(r, float("inf")) == first]
