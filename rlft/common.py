@@ -1,5 +1,6 @@
 """Small rules several modules share, each written once: the run's logger, what a hub id looks like,
-dtype names and the one dtype rule, and a free TCP port.  Nothing here imports torch at module level."""
+dtype names and the one dtype rule, a free TCP port, and a whole line on stderr.  Nothing here imports
+torch at module level."""
 from __future__ import annotations
 
 import logging
@@ -71,3 +72,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- stderr lines
+
+
+def say_line(line: str) -> None:
+    """`line` and its newline on stderr in one write.  The ranks of a launch share the launcher's
+    stderr and print their stop lines at about the same moment: `print` writes the text and the
+    newline separately, and another rank's line then ran into this one.  (A write of up to 4 KiB
+    to a pipe is never split.)"""
+    import os
+    import sys
+
+    data = (line + "\n").encode(errors="replace")
+    try:
+        sys.stderr.flush()
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stream without a descriptor (captured)
+        print(line, file=sys.stderr, flush=True)
+        return
+    while data:
+        data = data[os.write(fd, data):]

@@ -441,3 +441,30 @@ def test_peers_seen_going_together_name_rank_0_when_it_is_one_of_them():
     seen.said[3] = ""  # rank 3 left no message: killed, where rank 1's is unknown
     assert _first_gone(bridge, describe, None, seen, [0, 1, 3]) == (
         "rank 3 (sampler) is gone: its process (pid 103) ended without a message (killed?)")
+
+
+_SAYERS = """
+import sys
+from rlft.common import say_line
+me = sys.argv[1]
+for i in range(300):
+    say_line(f"rlft: rank {me} stopping: " + "x" * 150 + f" {i}")
+"""
+
+
+def test_stop_lines_of_ranks_printing_at_once_stay_whole():
+    # Every rank of a launch writes its stop line to the launcher's stderr at about the same
+    # moment; a line written in two pieces (the text, then its newline) ran into another rank's.
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    read, write = os.pipe()
+    procs = [subprocess.Popen([sys.executable, "-c", _SAYERS, str(r)], stderr=write, cwd=repo,
+                              env=dict(os.environ, PYTHONPATH=str(repo), PYTHONUNBUFFERED="1")) for r in range(6)]
+    os.close(write)
+    with os.fdopen(read) as stream:
+        lines = stream.read().splitlines()
+    assert [p.wait(timeout=60) for p in procs] == [0] * 6
+    whole = re.compile(r"rlft: rank \d stopping: x{150} \d+")
+    assert len(lines) == 6 * 300 and all(whole.fullmatch(line) for line in lines), \
+        [line for line in lines if not whole.fullmatch(line)][:3]

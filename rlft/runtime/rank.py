@@ -13,7 +13,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, NoReturn
 
-from rlft.common import free_port, log
+from rlft.common import free_port, log, say_line
 from rlft.config import ConfigError, RunConfig
 from rlft.runtime.bridge import Bridge, process_state
 from rlft.runtime.checkpoint import CheckpointError, checkpoint_root, remove_partial_writes
@@ -111,7 +111,7 @@ def hold_output_dir(ctx: RankContext) -> None:
             previous = lock.acquire(launcher_pid=launcher[-1][0] if launcher else None)
         except OutputDirInUse as e:
             refusal = str(e)
-            print(f"rlft: {refusal}", file=sys.stderr, flush=True)
+            say_line(f"rlft: {refusal}")
         else:
             _life.lock = lock
             if previous:
@@ -176,7 +176,7 @@ def stop(what: str, code: int, *, trace: bool = False) -> NoReturn:
     who = _life.roles.describe() if _life.roles is not None else f"rank {os.environ.get('RANK', '?')}"
     line = f"rlft: {who} {what}"
     try:
-        print(line, file=sys.stderr, flush=True)
+        say_line(line)
     except Exception:  # noqa: BLE001 - stderr busy or gone: leave anyway
         pass
     if _life.watchdog is not None:
