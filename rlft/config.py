@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import sys
 import types
 import typing
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from rlft.common import say_line
 from rlft.config_checks import check_nodes, check_topology, config_warnings, validate
 from rlft.config_schema import (
     CHECKPOINT_STATE_FILE,
@@ -237,5 +237,5 @@ def load_config_or_exit(path: str | Path | None, overrides: list[str] | tuple[st
     try:
         return load_config(path, overrides)
     except ConfigError as e:
-        print(f"rlft: config error: {e}", file=sys.stderr)
+        say_line(f"rlft: config error: {e}")
         raise SystemExit(2) from None

@@ -20,8 +20,8 @@ config and the "already trained" rule read it from one place.
 """
 from __future__ import annotations
 
-import sys
 
+from rlft.common import say_line
 from rlft.config import ConfigError, RunConfig, load_config_or_exit
 from rlft.objectives import SFTObjective
 from rlft.roles.sft_data import SFTFeeder
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         check_sft_config(cfg)
     except ConfigError as e:
-        print(f"rlft: config error: {e}", file=sys.stderr)
+        say_line(f"rlft: config error: {e}")
         raise SystemExit(2) from None
     if args.check_config:
         return

@@ -67,8 +67,8 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
     world = int(os.environ.setdefault("WORLD_SIZE", "1"))
     os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed reads it; absent outside the launcher
     if world != cfg.world_size():
-        print(f"rlft: config error: topology needs {cfg.world_size()} ranks but {world} were launched "
-              f"(use {launcher}, which starts the right number)", file=sys.stderr)
+        say_line(f"rlft: config error: topology needs {cfg.world_size()} ranks but {world} were launched "
+                 f"(use {launcher}, which starts the right number)")
         raise SystemExit(2)
     roles = roles_for_rank(cfg.topology, rank)
     setup_logging(rank, role_label(roles) if role_label else "+".join(n.split("[")[0] for n in roles.names()))
@@ -83,7 +83,7 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
                         use_nccl=device.type == "cuda",
                         collective_timeout_s=60 * cfg.topology.collective_timeout_minutes)
     except ConfigError as e:
-        print(f"rlft: config error: {e}", file=sys.stderr)
+        say_line(f"rlft: config error: {e}")
         raise SystemExit(2) from None
     ctx = _life.ctx = RankContext(cfg=cfg, roles=roles, bridge=bridge, device=device)
     _life.watchdog.watch_peers(bridge, lambda r: roles_for_rank(cfg.topology, r).describe())
