@@ -112,16 +112,18 @@ def summary_line(name: str, s: dict) -> str:
     return " | ".join(parts)
 
 
-def plot_runs(runs: list[str | Path], out_png: str | Path, *, title: str | None = None, window: int = 5) -> Path:
+def plot_runs(runs: list[str | Path], out_png: str | Path, *, title: str | None = None, window: int = 5,
+              titles: list[str] | None = None) -> Path:
     """One panel of reward curves (raw and smoothed) per run, held-out accuracy as markers, and the mean
-    response length on a second axis."""
+    response length on a second axis.  Each panel's title: `titles[i]`, else `title`, else the run's
+    directory name."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(runs), figsize=(6.4 * len(runs), 5.0), squeeze=False)
-    for ax, run in zip(axes[0], runs):
+    for i_run, (ax, run) in enumerate(zip(axes[0], runs)):
         steps, evals = read_steps(run), read_evals(run)
         for i, (key, label) in enumerate(CURVES):
             # Only the steps that logged this value (a step-0 record holds just an evaluation).
@@ -152,7 +154,7 @@ def plot_runs(runs: list[str | Path], out_png: str | Path, *, title: str | None 
         ax.set_xlabel("step")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-        ax.set_title(title or Path(run).name)
+        ax.set_title(titles[i_run] if titles else title or Path(run).name)
         # One legend for both axes, under the panel: inside it would hide some of the curves.
         ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=8)
     fig.tight_layout()
