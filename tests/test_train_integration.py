@@ -128,6 +128,9 @@ def test_sampler_weights_equal_policy_after_every_sync(tiny_run):
     for s in read_steps(tiny_run["out"]):
         assert s["sync/engine_sum"] == pytest.approx(s["sync/policy_sum"], rel=1e-9, abs=1e-9)
         assert s["sync/engine_abs_sum"] == pytest.approx(s["sync/policy_abs_sum"], rel=1e-9)
+        # The sampler's rank says where the sync's time went; the parts fit inside the phase.
+        parts = s["sync/wake_s"] + s["sync/load_s"] + s["sync/checksum_s"]
+        assert 0 < parts <= s["time/sync"] + 1e-3, s
 
 
 def test_hf_export_loads_and_moved_from_the_start(tiny_run):

@@ -21,6 +21,7 @@ from rlft.runtime.context import RankContext, choose_device
 from rlft.runtime.launcher_env import adopt_launcher_env, check_placement
 from rlft.runtime.outdir_lock import OutputDirInUse, OutputDirLock, describe_holder
 from rlft.runtime.reporting import setup_logging
+from rlft.runtime.sync import WeightSyncError
 from rlft.runtime.watchdog import PEER_POLL_S, Watchdog, launcher_processes
 from rlft.topology import RankRoles, roles_for_rank
 
@@ -92,7 +93,7 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
         run_fn(ctx)
     except ConfigError as e:
         fail(ctx, f"config error: {e}", exit_code=2)
-    except CheckpointError as e:  # its message is the whole story: no traceback
+    except (CheckpointError, WeightSyncError) as e:  # its message is the whole story: no traceback
         fail(ctx, f"{type(e).__name__}: {e}", exit_code=1)
     except BaseException as e:  # noqa: BLE001 - any failure must take the whole launch down promptly
         fail(ctx, f"{type(e).__name__}: {e}", exit_code=1, trace=True)

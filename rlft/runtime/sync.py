@@ -1,18 +1,52 @@
 """Fresh policy weights into the engines (the sampler's and the evaluator's), in place."""
 from __future__ import annotations
 
+import time
+
 from rlft.engines.base import named_weights_checksum
 from rlft.runtime.context import RankContext
 from rlft.topology import policy_rank_of
 
 SYNC_TAG = 100  # + stage: one point-to-point stream per pipeline stage
+# How far the engine's checksums may stray from the policy's, relative to the policy's absolute sum.
+# float64 sums of the same weights in another order agree to ~1e-15; one training step moves a
+# single layer's share of the absolute sum by more than 1e-6 at any useful learning rate.
+SYNC_TOLERANCE = 1e-6
+
+
+class WeightSyncError(RuntimeError):
+    """The sampler's engine does not hold the policy's weights after a sync; the message says by how much."""
+
+
+def sync_mismatch(parts: list[dict]) -> str | None:
+    """Compares what the policy stages sent with what the sampler's engine holds, from every rank's
+    `sync_weights` numbers; returns what differs, or None when they agree (or nothing was measured)."""
+    merged: dict = {}
+    for part in parts:
+        merged.update(part)
+    policy = {kind: sum(v for k, v in merged.items() if k.startswith(f"sync/policy_{kind}/"))
+              for kind in ("sum", "abs_sum")}
+    if "sync/engine_sum" not in merged or not any(k.startswith("sync/policy_sum/") for k in merged):
+        return None
+    engine = {kind: merged[f"sync/engine_{kind}"] for kind in ("sum", "abs_sum")}
+    scale = max(abs(policy["abs_sum"]), 1.0)
+    worst = max(abs(engine[kind] - policy[kind]) for kind in engine) / scale
+    if worst <= SYNC_TOLERANCE:
+        return None
+    return (f"after the weight sync the sampler's engine does not hold the policy's weights: sum "
+            f"{engine['sum']:.10g} against the policy's {policy['sum']:.10g}, absolute sum {engine['abs_sum']:.10g} "
+            f"against {policy['abs_sum']:.10g} (difference {worst:.2g} of the absolute sum, allowed "
+            f"{SYNC_TOLERANCE:g}); its samples would come from another policy, so the run stops here (the "
+            f"checkpoints saved so far hold the trained weights)")
 
 
 def sync_weights(ctx: RankContext) -> dict:
     """Stream every stage's tensors (replica 0) to the ranks whose engines need them.
 
-    Returns checksums that prove the copy: each stage reports the sum and absolute sum of what it
-    sent, the sampler's rank what its engine now holds; the coordinator compares the totals.
+    Returns checksums that prove the copy: each stage reports the sum and absolute sum of its
+    weights, the sampler's rank what its engine now holds.  The sampler's rank compares the totals
+    and raises `WeightSyncError` when they differ (`sync_mismatch`); the other ranks then stop as
+    for any failed rank.
     """
     t, roles, bridge = ctx.cfg.topology, ctx.roles, ctx.bridge
     targets = [t.sampler_rank]
@@ -23,8 +57,10 @@ def sync_weights(ctx: RankContext) -> dict:
     # unless a sleeping vLLM engine drops its weights (sleep mode, level 2); the checksums below
     # still cover every weight.
     complete = ctx.cfg.sampling.vllm.sleep_mode
+    clock = time.perf_counter()
     for e in engines:
         e.wake()
+    woken = time.perf_counter()
     out: dict = {}
     for target in targets:
         for stage in range(t.pipeline_stages):
@@ -40,11 +76,19 @@ def sync_weights(ctx: RankContext) -> dict:
                 received = list(bridge.recv_named_tensors(src, tag=SYNC_TAG + stage, device=ctx.device))
                 for e in engines:
                     e.update_weights(received)
+    loaded = time.perf_counter()
     if roles.policy and roles.replica == 0:
         sums = named_weights_checksum(ctx.policy.export_state().items())
         out.update({f"sync/policy_sum/stage{roles.stage}": sums["sum"],
                     f"sync/policy_abs_sum/stage{roles.stage}": sums["abs_sum"]})
     if roles.sampler and engines:  # the sampler's engine (in SFT the evaluator's, on the same rank)
         sums = engines[0].weights_checksum()
-        out.update({"sync/engine_sum": sums["sum"], "sync/engine_abs_sum": sums["abs_sum"]})
+        out.update({"sync/engine_sum": sums["sum"], "sync/engine_abs_sum": sums["abs_sum"],
+                    # where the sampler's rank spent the sync: waking its engines, taking the weights
+                    # in (and waiting for them), checksumming
+                    "sync/wake_s": woken - clock, "sync/load_s": loaded - woken,
+                    "sync/checksum_s": time.perf_counter() - loaded})
+    parts = bridge.gather_objects(out, dst=t.sampler_rank)
+    if parts is not None and (problem := sync_mismatch(parts)):
+        raise WeightSyncError(problem)
     return out
