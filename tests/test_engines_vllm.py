@@ -224,17 +224,26 @@ def test_update_weights_matches_source_checksum_and_hf_greedy(engine, tokenizer,
 
 
 @requires_vllm
-def test_streamed_partial_update_in_small_buckets(engine, tokenizer, chain_state):
-    engine.update_weights(chain_state.items())
-    other = helpers.random_model(tokenizer, seed=12).state_dict()
-    layer0 = {k: v for k, v in other.items() if k.startswith("model.layers.0.")}
-    engine.weight_sender.bucket_bytes = 64 << 10  # several buckets for the ~0.4 MB of layer 0
+def test_streamed_partial_update_in_small_buckets(model_dir, tokenizer, chain_state, capfd):
+    # An engine of its own, started while capfd holds the descriptors its processes inherit: vLLM's
+    # worker prints its warnings there (the module's engine was started before this test).
+    engine = make_engine("vllm", model_dir, dtype="float32", device="cpu", seed=0,
+                         options=dict(max_model_len=128, kv_cache_memory_bytes=32 << 20))
     try:
+        engine.update_weights(chain_state.items())
+        other = helpers.random_model(tokenizer, seed=12).state_dict()
+        layer0 = {k: v for k, v in other.items() if k.startswith("model.layers.0.")}
+        engine.weight_sender.bucket_bytes = 64 << 10  # several buckets for the ~0.4 MB of layer 0
+        capfd.readouterr()
         engine.update_weights(iter(layer0.items()))
+        merged = {**chain_state, **layer0}
+        assert checksums_match(engine.weights_checksum(), named_weights_checksum(merged.items()))
+        # The layers an update leaves out by design (a pipeline stage's share, LoRA's adapted
+        # weights) keep their weights without a warning each from vLLM's worker.
+        printed = "".join(capfd.readouterr())
+        assert "Failed to load weights" not in printed, printed[-2000:]
     finally:
-        engine.weight_sender.bucket_bytes = 256 << 20
-    merged = {**chain_state, **layer0}
-    assert checksums_match(engine.weights_checksum(), named_weights_checksum(merged.items()))
+        engine.close()
 
 
 @requires_vllm

@@ -332,17 +332,21 @@ class WeightSender:
         if first is None:
             return
         transport = self.last_transport = self._choose_transport(first[0][1])
+        sent: set[str] = set()
         self.rpc("rlft_begin_update")
         try:
             for bucket in _chain_first(first, buckets):
                 self._send_bucket(bucket, transport)
+                sent.update(name for name, _ in bucket)
         except BaseException:
             # Leave reload mode in any case; layers that got nothing keep their weights.
-            kept = self.rpc("rlft_finish_update")
+            kept = self.rpc("rlft_finish_update", True)
             if kept:
                 logger.warning("update_weights failed; fused layers left at their old weights: %s", kept)
             raise
-        kept = self.rpc("rlft_finish_update")
+        # Part of the model by design (one pipeline stage, LoRA's adapted weights); a tied lm_head
+        # is never sent.
+        kept = self.rpc("rlft_finish_update", bool(self.expected_shapes.keys() - sent - {"lm_head.weight"}))
         self.last_seconds = time.perf_counter() - started
         if kept:
             raise ValueError(

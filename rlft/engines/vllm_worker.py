@@ -208,15 +208,19 @@ def layers_without_own_weights(model: torch.nn.Module) -> set[str]:
 class ExpectedUnloadedFilter(logging.Filter):
     """Drops vLLM's "<Layer>: Failed to load weights" warning for layers an update cannot name
     (`layers_without_own_weights`): it fired on every sync while the weights were right (the
-    checksums agree), and a warning that always fires hides the one that matters."""
+    checksums agree), and a warning that always fires hides the one that matters.  While
+    `partial` is set (an update that sends part of the model by design: one pipeline stage, or
+    only the weights LoRA adapters change) every layer left out keeps its weights as intended,
+    and the warning is dropped for all of them."""
 
     def __init__(self, layer_names: set[str]):
         super().__init__()
         self.layer_names = layer_names
+        self.partial = False
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.msg == "%s: Failed to load weights" and record.args
-                    and record.args[0] in self.layer_names)
+                    and (self.partial or record.args[0] in self.layer_names))
 
 
 class WeightSyncExtension:
@@ -294,14 +298,16 @@ class WeightSyncExtension:
             torch.cuda.synchronize(device)
         return len(named)
 
-    def rlft_finish_update(self) -> list[str]:
+    def rlft_finish_update(self, partial: bool = False) -> list[str]:
         """Leave reload mode: process every reloaded layer, restore kernel tensors.
 
         A fused layer (``qkv_proj``, ``gate_up_proj``) that received only some of its parts
         would be processed with the missing parts uninitialised; such layers keep their
         previous weights instead, and their names are returned (the owner reports them).
+        ``partial``: the update sent part of the model by design; the layers it left out keep
+        their weights without a warning each.
         """
-        partial: list[str] = []
+        kept: list[str] = []
         if getattr(self, "_rlft_layerwise", False):
             from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
             from vllm.model_executor.model_loader.reload import layerwise
@@ -317,13 +323,17 @@ class WeightSyncExtension:
                 if 0 < info.load_numel < info.load_numel_total:
                     layerwise._place_kernel_tensors(module, info)
                     info.reset()
-                    partial.append(name)
-            finalize_layerwise_reload(model, self.vllm_config.model_config)
+                    kept.append(name)
+            self._rlft_log_filter.partial = partial
+            try:
+                finalize_layerwise_reload(model, self.vllm_config.model_config)
+            finally:
+                self._rlft_log_filter.partial = False
         self._rlft_layerwise = False
         device = self._rlft_device()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        return partial
+        return kept
 
     @torch.no_grad()
     def rlft_weights_checksum(self) -> dict[str, float]:
