@@ -121,8 +121,37 @@ def engine_for_run(ctx: RankContext, model_path: str):
     from rlft.engines import make_engine
 
     cfg = ctx.cfg
+    if cfg.sampling.backend == "vllm" and ctx.device.type == "cpu":
+        check_cpu_kv_cache(cfg, model_path, ctx.dtype)
     return make_engine(cfg.sampling.backend, model_path, dtype=ctx.dtype, device=str(ctx.device), seed=cfg.seed,
                        tokenizer=ctx.tokenizer, options=vllm_options(cfg, ctx.device.type))
+
+
+def check_cpu_kv_cache(cfg: RunConfig, model_path: str, dtype: str) -> None:
+    """vLLM on CPU gets a fixed KV cache (`sampling.vllm.kv_cache_memory_bytes`, 256 MiB unless set)
+    and refuses to start when one sequence of `max_model_len` (by default the model's whole context)
+    does not fit; say so in one line, with the settings that fix it, instead of vLLM's failed start."""
+    from rlft.models import context_length, load_hf_config
+
+    v = cfg.sampling.vllm
+    c = load_hf_config(model_path)
+    c = getattr(c, "text_config", None) or c
+    layers, heads = getattr(c, "num_hidden_layers", None), getattr(c, "num_attention_heads", None)
+    positions = context_length(model_path, v.max_model_len)
+    if not (isinstance(layers, int) and isinstance(heads, int) and positions):
+        return
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or heads
+    per_token = 2 * layers * kv_heads * head_dim * (4 if dtype == "float32" else 2)  # keys and values
+    cache = v.kv_cache_memory_bytes or 256 << 20
+    if positions * per_token <= cache:
+        return
+    fits = cache // per_token // 256 * 256
+    raise ConfigError(
+        f"sampling.vllm: on CPU vLLM's KV cache is sampling.vllm.kv_cache_memory_bytes ({cache / 2**20:.0f} MiB), "
+        f"and one sequence of {positions} positions of this model needs {positions * per_token / 2**20:.0f} MiB "
+        f"({per_token} bytes a token in {dtype}); set sampling.vllm.max_model_len to at most ~{fits} (it must hold "
+        f"a prompt and sampling.max_tokens) or raise sampling.vllm.kv_cache_memory_bytes")
 
 
 def vllm_options(cfg: RunConfig, device_type: str) -> dict:
