@@ -20,7 +20,7 @@ def step(n: int, *, sample: float, train: float, sync: float, step_s: float, res
          eval_s: float | None = None, mem: tuple[float, ...] = (1.0,)) -> dict:
     rec = {"step": n, "time/sample": sample, "time/grade": 0.5, "time/train": train, "time/sync": sync,
            "time/step": step_s, "tokens/response": response, "tokens/total": total,
-           "memory/peak_gb": max(mem)}
+           "memory/peak_gb": max(mem), "sync/wake_s": sync / 4, "sync/load_s": sync / 2, "sync/checksum_s": sync / 4}
     rec.update({f"memory/peak_gb/rank{r}": gb for r, gb in enumerate(mem)})
     if eval_s is not None:
         rec["time/eval"] = eval_s
@@ -60,6 +60,8 @@ def test_summary_takes_medians_over_the_steps_after_the_first(steps_file):
     assert s["train_mfu_with_attention"] == pytest.approx((6e9 + 3.6e7) * 3000 / (10 * 1e12))
     # GB/s = 2e9 bytes / 1e9 / (0.5, 0.25, 1.0) s -> 4, 8, 2 -> 4
     assert s["sync_gb_per_s"] == 4.0
+    # the sampler's share of the sync, each part's median: wake 0.5/4 (of 0.5, 0.25, 1.0), load 0.5/2
+    assert s["sync_parts_s"] == {"wake": 0.125, "load": 0.25, "checksum": 0.125}
     # memory: each rank's peak over all steps; a role's is its rank's
     mem = s["memory_peak_gb"]
     assert mem["max"] == 6.5
@@ -232,6 +234,9 @@ def test_cpu_run_writes_the_result_json(tmp_path, gsm8k_dir):
     entry = json.loads(summary.read_text())["tiny_cpu_tiny"]
     assert entry["rlft_s_per_step"] == s["step_s"] and entry["train_mfu"] == s["train_mfu"]
     assert {"trl_vllm_s_per_step", "sync_s", "sample_s", "train_s"} <= set(entry)
+    parts = s["sync_parts_s"]  # the sampler's share of the sync, from the run's own records
+    assert all(isinstance(v, float) and v >= 0 for v in parts.values()) and sum(parts.values()) <= s["sync_s"]
+    assert "sync load s" in proc.stdout
 
     # The same records summarised again, without launching.
     from rlft.bench.cli import main

@@ -162,6 +162,9 @@ def summarise_steps(steps: list[dict], *, params: int, num_layers: int, hidden_s
         "train_mfu": mfu(False),
         "train_mfu_with_attention": mfu(True),
         "sync_gb_per_s": sync_gbps,
+        # the sampler's rank's share of the sync: waking its engines, taking the weights in, checksums
+        "sync_parts_s": {part: _median(s.get(f"sync/{part}_s") for s in measured)
+                         for part in ("wake", "load", "checksum")},
         "memory_peak_gb": {"max": max(overall) if overall else None, "by_rank": by_rank, "by_role": by_role},
     }
 
@@ -234,6 +237,7 @@ def format_table(result: dict) -> str:
         ("sample s", r.get("sample_s"), t.get("sample_s"), ""),
         ("train s", r.get("train_s"), None, ""),
         ("sync s", r.get("sync_s"), t.get("sync_s"), ""),
+        *((f"  sync {part} s", v, None, "") for part, v in (r.get("sync_parts_s") or {}).items() if v is not None),
         ("rollout tokens/s", r.get("rollout_tokens_per_s"), t.get("rollout_tokens_per_s"), ""),
         ("train tokens/s", r.get("train_tokens_per_s"), None, ""),
         ("train MFU (6N)", r.get("train_mfu"), None, "%"),
@@ -278,6 +282,7 @@ def headline(result: dict) -> dict[str, float | None]:
         "trl_over_rlft": ratio(t.get("step_s"), r.get("step_s")),
         "train_mfu": r.get("train_mfu"),
         "sync_s": r.get("sync_s"),
+        "sync_parts_s": r.get("sync_parts_s"),
         "sample_s": r.get("sample_s"),
         "train_s": r.get("train_s"),
         "rollout_tokens_per_s": r.get("rollout_tokens_per_s"),
