@@ -35,16 +35,26 @@ def test_an_engine_holding_the_policy_passes_whatever_the_stage_split(policy):
         assert sync_mismatch(stage_parts(policy, stages) + [engine_part(reordered)]) is None
 
 
-def test_one_layer_a_step_behind_is_caught(policy):
-    # The engine kept layer 5 of the step before: that layer is one Adam step (lr 1e-6) away.
-    stale = dict(policy)
-    stale["model.layers.5.mlp.down_proj.weight"] = policy["model.layers.5.mlp.down_proj.weight"] - 1e-6
-    problem = sync_mismatch(stage_parts(policy, 2) + [engine_part(stale)])
+def test_a_layer_the_update_missed_is_caught(policy):
+    # The engine kept layer 5 as it was at the start while the policy's moved on (here: other values).
+    g = torch.Generator().manual_seed(1)
+    missed = dict(policy)
+    missed["model.layers.5.mlp.down_proj.weight"] = 0.02 * torch.randn(64, 64, generator=g)
+    problem = sync_mismatch(stage_parts(policy, 2) + [engine_part(missed)])
     assert problem is not None and "does not hold the policy's weights" in problem
-    # By hand: each of the 4096 weights moved by 1e-6, so the sum differs by 4096e-6 ...
+
+
+def test_the_difference_is_measured_against_the_absolute_sum(policy):
+    # Every weight of one layer of eight off by 1e-6 (the same sign): the sum differs by 4096e-6,
+    # 7.8e-6 of the absolute sum (524), above the tolerance; a tenth of that (7.8e-7) passes.
     abs_sum = named_weights_checksum(policy.items())["abs_sum"]
-    assert 4096e-6 / abs_sum > SYNC_TOLERANCE
-    assert f"{4096e-6 / abs_sum:.2g}" in problem
+    for shift, caught in ((1e-6, True), (1e-7, False)):
+        shifted = dict(policy)
+        shifted["model.layers.5.mlp.down_proj.weight"] = policy["model.layers.5.mlp.down_proj.weight"] - shift
+        problem = sync_mismatch(stage_parts(policy, 2) + [engine_part(shifted)])
+        assert (problem is not None) == caught, (shift, problem)
+        assert (4096 * shift / abs_sum > SYNC_TOLERANCE) == caught
+    assert f"{4096e-6 / abs_sum:.2g}" == "7.8e-06"
 
 
 def test_nothing_to_compare_is_not_a_mismatch(policy):

@@ -9,8 +9,10 @@ from rlft.topology import policy_rank_of
 
 SYNC_TAG = 100  # + stage: one point-to-point stream per pipeline stage
 # How far the engine's checksums may stray from the policy's, relative to the policy's absolute sum.
-# float64 sums of the same weights in another order agree to ~1e-15; one training step moves a
-# single layer's share of the absolute sum by more than 1e-6 at any useful learning rate.
+# float64 sums of the same weights in another order agree to ~1e-15 (every run measured so far).
+# What this catches: weights the update missed or loaded wrongly, another model, garbage; not
+# small differences such as one layer one step behind, whose updates of either sign mostly cancel
+# in both sums.
 SYNC_TOLERANCE = 1e-6
 
 
