@@ -20,7 +20,8 @@ def step(n: int, *, sample: float, train: float, sync: float, step_s: float, res
          eval_s: float | None = None, mem: tuple[float, ...] = (1.0,)) -> dict:
     rec = {"step": n, "time/sample": sample, "time/grade": 0.5, "time/train": train, "time/sync": sync,
            "time/step": step_s, "tokens/response": response, "tokens/total": total,
-           "memory/peak_gb": max(mem), "sync/wake_s": sync / 4, "sync/load_s": sync / 2, "sync/checksum_s": sync / 4}
+           "memory/peak_gb": max(mem), "time/sync/wake": sync / 4, "time/sync/load": sync / 2,
+           "time/sync/checksum": sync / 4}
     rec.update({f"memory/peak_gb/rank{r}": gb for r, gb in enumerate(mem)})
     if eval_s is not None:
         rec["time/eval"] = eval_s

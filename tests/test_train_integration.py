@@ -129,7 +129,7 @@ def test_sampler_weights_equal_policy_after_every_sync(tiny_run):
         assert s["sync/engine_sum"] == pytest.approx(s["sync/policy_sum"], rel=1e-9, abs=1e-9)
         assert s["sync/engine_abs_sum"] == pytest.approx(s["sync/policy_abs_sum"], rel=1e-9)
         # The sampler's rank says where the sync's time went; the parts fit inside the phase.
-        parts = s["sync/wake_s"] + s["sync/load_s"] + s["sync/checksum_s"]
+        parts = s["time/sync/wake"] + s["time/sync/load"] + s["time/sync/checksum"]
         assert 0 < parts <= s["time/sync"] + 1e-3, s
 
 

@@ -163,7 +163,7 @@ def summarise_steps(steps: list[dict], *, params: int, num_layers: int, hidden_s
         "train_mfu_with_attention": mfu(True),
         "sync_gb_per_s": sync_gbps,
         # the sampler's rank's share of the sync: waking its engines, taking the weights in, checksums
-        "sync_parts_s": {part: _median(s.get(f"sync/{part}_s") for s in measured)
+        "sync_parts_s": {part: _median(s.get(f"time/sync/{part}") for s in measured)
                          for part in ("wake", "load", "checksum")},
         "memory_peak_gb": {"max": max(overall) if overall else None, "by_rank": by_rank, "by_role": by_role},
     }

@@ -86,10 +86,10 @@ def sync_weights(ctx: RankContext) -> dict:
     if roles.sampler and engines:  # the sampler's engine (in SFT the evaluator's, on the same rank)
         sums = engines[0].weights_checksum()
         out.update({"sync/engine_sum": sums["sum"], "sync/engine_abs_sum": sums["abs_sum"],
-                    # where the sampler's rank spent the sync: waking its engines, taking the weights
-                    # in (and waiting for them), checksumming
-                    "sync/wake_s": woken - clock, "sync/load_s": loaded - woken,
-                    "sync/checksum_s": time.perf_counter() - loaded})
+                    # where the sampler's rank spent the sync (seconds): waking its engines, taking the
+                    # weights in (and waiting for them), checksumming
+                    "time/sync/wake": woken - clock, "time/sync/load": loaded - woken,
+                    "time/sync/checksum": time.perf_counter() - loaded})
     parts = bridge.gather_objects(out, dst=t.sampler_rank)
     if parts is not None and (problem := sync_mismatch(parts)):
         raise WeightSyncError(problem)
