@@ -17,33 +17,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlft.curves import mcnemar_exact_p, plot_runs, read_evals, read_steps  # noqa: E402
+from rlft.curves import paired_change, plot_runs, question_outcomes, read_evals, read_steps  # noqa: E402
 
 PHASES = ("step", "sample", "grade", "train", "sync")
 MEMORY = ("sample", "sync", "train")
 
 
-def outcomes(eval_dir: Path) -> dict[int, bool] | None:
-    """Question index -> answered right, from the evaluation's per-question file (either name)."""
-    for name in ("results.jsonl", "per_question.jsonl"):
-        path = eval_dir / name
-        if path.is_file():
-            rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-            return {r["index"]: r["answer_reward"] >= 1.0 for r in rows}
-    return None
-
-
-def paired(a: dict[int, bool], b: dict[int, bool]) -> dict:
-    """McNemar on the questions both evaluated: how many b got right that a did not, and back."""
-    common = a.keys() & b.keys()
-    gained = sum(1 for i in common if b[i] and not a[i])
-    lost = sum(1 for i in common if a[i] and not b[i])
-    return {"n": len(common), "gained": gained, "lost": lost, "p_value_mcnemar": mcnemar_exact_p(gained, lost)}
+def numbers(rows: list[dict], key: str) -> list[float]:
+    return [r[key] for r in rows if isinstance(r.get(key), (int, float))]
 
 
 def mean(rows: list[dict], key: str) -> float | None:
-    vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+    vals = numbers(rows, key)
     return sum(vals) / len(vals) if vals else None
+
+
+def median(rows: list[dict], key: str) -> float | None:
+    vals = numbers(rows, key)
+    return statistics.median(vals) if vals else None
 
 
 def arm(run: Path, up_to: int | None) -> dict:
@@ -55,9 +46,7 @@ def arm(run: Path, up_to: int | None) -> dict:
         "run": str(run),
         "steps": len(steps),
         "training_minutes": round(sum(r.get("time/step", 0.0) for r in steps) / 60, 2),
-        "seconds_median": {p: statistics.median(v) if (v := [r[f"time/{p}"] for r in plain
-                                                                 if isinstance(r.get(f"time/{p}"), (int, float))])
-                           else None for p in PHASES},
+        "seconds_median": {p: median(plain, f"time/{p}") for p in PHASES},
         "peak_memory_gib": {p: max((r.get(f"memory/peak_gb/{p}") or 0.0) for r in steps) or None for p in MEMORY},
         "sample_tokens_per_s": mean(plain, "throughput/sample_tokens_per_s"),
         "sampling_rounds_per_step": mean(steps, "dynamic_sampling/rounds"),
@@ -71,9 +60,10 @@ def arm(run: Path, up_to: int | None) -> dict:
     }
     if len(evals) >= 2:
         (s0, _), (s1, _) = evals[0], evals[-1]
-        first, last = outcomes(run / "eval" / f"step_{s0:06d}"), outcomes(run / "eval" / f"step_{s1:06d}")
+        first = question_outcomes(run / "eval" / f"step_{s0:06d}")
+        last = question_outcomes(run / "eval" / f"step_{s1:06d}")
         if first and last:
-            out["first_to_last"] = {"from_step": s0, "to_step": s1, **paired(first, last)}
+            out["first_to_last"] = {"from_step": s0, "to_step": s1, **paired_change(first, last)}
     return out
 
 
@@ -95,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     shared = sorted(set(a["evals"]) & set(b["evals"]))
     between = {}
     for s in shared:
-        oa = outcomes(named[na] / "eval" / f"step_{s:06d}")
-        ob = outcomes(named[nb] / "eval" / f"step_{s:06d}")
+        oa = question_outcomes(named[na] / "eval" / f"step_{s:06d}")
+        ob = question_outcomes(named[nb] / "eval" / f"step_{s:06d}")
         if oa and ob:
-            between[s] = paired(oa, ob)  # gained = right in b, wrong in a
+            between[s] = paired_change(oa, ob)  # gained = right in b, wrong in a
     result["between"] = {"a": na, "b": nb, "at_step": between}
 
     print(f"{'step':>5} | {na:>10} | {nb:>10} | {nb} vs {na}: gained/lost, McNemar p")

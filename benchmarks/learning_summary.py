@@ -12,21 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlft.curves import mcnemar_exact_p, plot_runs, read_evals, read_steps, summarize, two_proportion_p  # noqa: E402
-
-
-def correct_by_question(eval_dir: Path) -> dict[int, bool]:
-    out = {}
-    for line in (eval_dir / "results.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        out[r["index"]] = r["answer_reward"] >= 1.0
-    return out
+from rlft.curves import (paired_change, plot_runs, question_outcomes, read_evals, read_steps,  # noqa: E402
+                         summarize, two_proportion_p)
 
 
 def compare(run_dir: Path) -> dict | None:
@@ -40,13 +32,13 @@ def compare(run_dir: Path) -> dict | None:
            "p_value": two_proportion_p(k0, n0, k1, n1), "format_before": first.get("format_rate"),
            "format_after": last.get("format_rate")}
     try:
-        a = correct_by_question(run_dir / "eval" / f"step_{s0:06d}")
-        b = correct_by_question(run_dir / "eval" / f"step_{s1:06d}")
-        gained = sum(1 for i in a if i in b and b[i] and not a[i])
-        lost = sum(1 for i in a if i in b and a[i] and not b[i])
-        out.update(gained=gained, lost=lost, p_value_mcnemar=mcnemar_exact_p(gained, lost))
+        a = question_outcomes(run_dir / "eval" / f"step_{s0:06d}")
+        b = question_outcomes(run_dir / "eval" / f"step_{s1:06d}")
     except (OSError, KeyError, json.JSONDecodeError):
-        pass
+        a = b = None
+    if a and b:
+        change = paired_change(a, b)
+        out.update(gained=change["gained"], lost=change["lost"], p_value_mcnemar=change["p_value_mcnemar"])
     return out
 
 

@@ -99,6 +99,26 @@ def mcnemar_exact_p(gained: int, lost: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def question_outcomes(eval_dir: str | Path) -> dict[int, bool] | None:
+    """Question index -> answered right, from an evaluation's per-question file (`results.jsonl`,
+    or `per_question.jsonl` as results keep it); None when it has neither."""
+    for name in ("results.jsonl", "per_question.jsonl"):
+        path = Path(eval_dir) / name
+        if path.is_file():
+            rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+            return {r["index"]: r["answer_reward"] >= 1.0 for r in rows}
+    return None
+
+
+def paired_change(before: dict[int, bool], after: dict[int, bool]) -> dict:
+    """McNemar's exact test on the questions both evaluated: how many `after` got right that `before`
+    did not (gained), and the other way (lost)."""
+    common = before.keys() & after.keys()
+    gained = sum(1 for i in common if after[i] and not before[i])
+    lost = sum(1 for i in common if before[i] and not after[i])
+    return {"n": len(common), "gained": gained, "lost": lost, "p_value_mcnemar": mcnemar_exact_p(gained, lost)}
+
+
 def summary_line(name: str, s: dict) -> str:
     parts = [f"{name}: {s['steps']} steps"]
     if "reward_first" in s:

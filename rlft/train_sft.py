@@ -20,7 +20,6 @@ config and the "already trained" rule read it from one place.
 """
 from __future__ import annotations
 
-
 from rlft.common import say_line
 from rlft.config import ConfigError, RunConfig, load_config_or_exit
 from rlft.objectives import SFTObjective
