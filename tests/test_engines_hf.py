@@ -357,6 +357,22 @@ def test_chain_logprobs_include_eos_masked_by_min_tokens(chain_engine, tokenizer
 
 
 # ----------------------------------------------------------------------------- weights
+def test_checksums_are_float64_sums_worked_by_hand():
+    """Exact binary fractions in fp32 and bf16, so float64 sums in any order give these values; a
+    tied lm_head counts once, and a cast first (fp32 trainer weights against a bf16 engine) rounds."""
+    from rlft.engines import weights_checksum_of
+
+    a = torch.tensor([1.5, -2.25], dtype=torch.float32)
+    b = torch.tensor([[0.5, -0.125], [4.0, 0.0]], dtype=torch.bfloat16)
+    assert weights_checksum_of([a, b]) == {"sum": 3.625, "abs_sum": 8.375}
+    assert weights_checksum_of([]) == {"sum": 0.0, "abs_sum": 0.0}
+    named = [("model.embed_tokens.weight", b), ("lm_head.weight", b), ("model.norm.weight", a)]
+    assert named_weights_checksum(named, tie_word_embeddings=True) == {"sum": 3.625, "abs_sum": 8.375}
+    assert named_weights_checksum(named) == {"sum": 8.0, "abs_sum": 13.0}
+    # 1 + 2**-10 is not a bf16 number: it rounds to 1
+    assert named_weights_checksum([("w", torch.tensor([1 + 2**-10]))], dtype=torch.bfloat16)["sum"] == 1.0
+
+
 def test_update_weights_changes_outputs_and_matches_source_checksum(tokenizer):
     source = random_model(tokenizer, seed=3)
     target = random_model(tokenizer, seed=4)

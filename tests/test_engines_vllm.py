@@ -172,6 +172,30 @@ def test_weight_transport_between_processes(tokenizer, owner_device, worker_gpu,
     assert process.exitcode == 0
 
 
+def test_buckets_pack_into_a_shared_buffer_and_unpack_exactly():
+    """The CUDA IPC path packs every bucket into one buffer shared once: each bucket starts at its
+    start, a smaller bucket leaves the tail alone, and a bucket larger than the buffer is refused."""
+    from rlft.engines.vllm_worker import BUCKET_ALIGN, bucket_nbytes, pack_bucket, unpack_bucket
+
+    g = torch.Generator().manual_seed(0)
+    big = [("a", torch.randn(3, 5, generator=g).to(torch.bfloat16)), ("b", torch.arange(7, dtype=torch.float32))]
+    small = [("c", torch.randn(2, generator=g))]
+    # 30 bf16 bytes and 28 fp32 bytes, each rounded up to the alignment
+    assert bucket_nbytes(big) == 2 * BUCKET_ALIGN
+    shared = torch.full((bucket_nbytes(big),), 0xAB, dtype=torch.uint8)
+    flat, metas = pack_bucket(big, torch.device("cpu"), out=shared)
+    assert flat is shared and [m[3] for m in metas] == [0, BUCKET_ALIGN]
+    for (name, want), (got_name, got) in zip(big, unpack_bucket(flat, metas)):
+        assert got_name == name and got.dtype == want.dtype and torch.equal(got, want)
+    first = shared.clone()
+    flat, metas = pack_bucket(small, torch.device("cpu"), out=shared)
+    [(_, got)] = unpack_bucket(flat, metas)
+    assert torch.equal(got, small[0][1])
+    assert torch.equal(shared[8:], first[8:])
+    with pytest.raises(ValueError, match="does not fit"):
+        pack_bucket(big, torch.device("cpu"), out=torch.empty(BUCKET_ALIGN, dtype=torch.uint8))
+
+
 # ----------------------------------------------------------------------------- real vLLM
 @requires_vllm
 def test_stop_strings_eos_and_min_tokens_match_hand_worked_cases(engine, hf_engine, tokenizer, chain_state):

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from rlft.engines.base import Completion, EngineUnavailable, RolloutEngine, SamplingSpec
-from rlft.engines.vllm_worker import broadcast_from_owner, ipc_handle_of, make_pair_group, pack_bucket
+from rlft.engines.vllm_worker import bucket_nbytes, broadcast_from_owner, ipc_handle_of, make_pair_group, pack_bucket
 
 logger = logging.getLogger(__name__)
 
@@ -264,20 +264,30 @@ class VLLMEngine(RolloutEngine):
         if not self.enable_sleep_mode:
             logger.info("vLLM engine was built without sleep mode; sleep() is a no-op")
             return
+        before = _free_gpu_bytes()
         self.llm.sleep(level=level)
+        after = _free_gpu_bytes()
+        # What waking takes back (the weights and the KV cache the engine just gave up).
+        self._wake_bytes = None if before is None or after is None else max(0, after - before)
         self._asleep = True
 
     def wake(self) -> None:
         """Take the GPU memory back.  The trainer on the same GPU first gives back the blocks its
         caching allocator holds but does not use (after a long batch, tens of GB): waking would
-        otherwise find too little free memory and fail."""
+        otherwise find too little free memory and fail.  A full garbage collection (a tenth of a
+        second in a process this size) runs only when that is still not enough: tensors held in
+        reference cycles are the only ones it can free."""
         if not self._asleep:
             return
-        import gc
-
-        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+            needed = getattr(self, "_wake_bytes", None)
+            free = _free_gpu_bytes()
+            if needed is None or free is None or free < needed:
+                import gc
+
+                gc.collect()
+                torch.cuda.empty_cache()
         self.llm.wake_up()
         self._asleep = False
 
@@ -323,6 +333,7 @@ class WeightSender:
         self._store = None
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlft-weight-rpc")
         self._worker_uuid: str | None | bool = False  # False: not asked yet
+        self._ipc: tuple[torch.Tensor, dict] | None = None  # the CUDA IPC buffer and its handle
 
     def update(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Stream ``named_tensors`` into the worker's model (see ``RolloutEngine.update_weights``)."""
@@ -390,19 +401,34 @@ class WeightSender:
             device = bucket[0][1].device
             if device.type != "cuda":
                 device = torch.device("cuda", torch.cuda.current_device())
+        if transport == "cuda_ipc":
+            # One buffer, shared once, serves every bucket: the worker maps it on first use (an IPC
+            # open costs milliseconds) and has copied out of it when the RPC returns, so the next
+            # bucket may overwrite it.
+            flat, handle = self._ipc_buffer(bucket, device)
+            flat, metas = pack_bucket(bucket, device, out=flat)
+            torch.cuda.current_stream(device).synchronize()
+            self.rpc("rlft_load_bucket", metas, flat.numel(), transport, handle)
+            return
         flat, metas = pack_bucket(bucket, device)
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()
-        if transport == "cuda_ipc":
-            # The worker maps this buffer and has copied out of it when the RPC returns.
-            self.rpc("rlft_load_bucket", metas, flat.numel(), transport, ipc_handle_of(flat))
-            return
         group = self._group(transport)
         reply = self._pool.submit(self.rpc, "rlft_load_bucket", metas, flat.numel(), transport, None)
         try:
             broadcast_from_owner(group, flat)
         finally:
             reply.result()
+
+    def _ipc_buffer(self, bucket: list[tuple[str, torch.Tensor]], device: torch.device) -> tuple[torch.Tensor, dict]:
+        """The shared buffer for CUDA IPC, at least ``bucket_bytes`` and this bucket's size; a
+        larger bucket (one tensor bigger than ``bucket_bytes``) replaces it."""
+        need = bucket_nbytes(bucket)
+        if self._ipc is None or self._ipc[0].numel() < need or self._ipc[0].device != device:
+            self._ipc = None  # the old buffer goes before the new one is allocated
+            flat = torch.empty(max(need, self.bucket_bytes), dtype=torch.uint8, device=device)
+            self._ipc = (flat, ipc_handle_of(flat))
+        return self._ipc
 
     def _group(self, backend: str):
         """The owner's end (rank 0) of the two-rank group, created on first use."""
@@ -430,7 +456,15 @@ class WeightSender:
         finally:
             self._groups = {}
             self._store = None
+            self._ipc = None
             self._pool.shutdown(wait=False)
+
+
+def _free_gpu_bytes() -> int | None:
+    """Free memory of the current GPU as the driver sees it (None without a GPU)."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.mem_get_info()[0]
 
 
 def decode_texts(tokenizer, completions: list[Completion]) -> None:

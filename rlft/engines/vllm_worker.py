@@ -54,18 +54,32 @@ def _dtype_from_name(name: str) -> torch.dtype:
     return dtype
 
 
-def pack_bucket(named: Sequence[tuple[str, torch.Tensor]], device: torch.device) -> tuple[torch.Tensor, list[TensorMeta]]:
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // BUCKET_ALIGN) * BUCKET_ALIGN
+
+
+def bucket_nbytes(named: Sequence[tuple[str, torch.Tensor]]) -> int:
+    """Bytes of the flat buffer :func:`pack_bucket` packs ``named`` into."""
+    return sum(_aligned(t.numel() * t.element_size()) for _, t in named)
+
+
+def pack_bucket(named: Sequence[tuple[str, torch.Tensor]], device: torch.device,
+                out: torch.Tensor | None = None):
     """Copy tensors into one flat ``uint8`` buffer on ``device``.
 
     Returns:
-        ``flat`` ``[total_bytes]`` and one :data:`TensorMeta` per tensor, in order.
+        ``(flat [total_bytes], metas)``: one :data:`TensorMeta` per tensor, in order.  With ``out``
+        (a ``uint8`` buffer of at least :func:`bucket_nbytes` on ``device``) the tensors go to its
+        start and ``flat`` is ``out``.
     """
     metas: list[TensorMeta] = []
     offset = 0
     for name, t in named:
         metas.append((name, dtype_name(t.dtype), tuple(t.shape), offset))
-        offset += -(-t.numel() * t.element_size() // BUCKET_ALIGN) * BUCKET_ALIGN
-    flat = torch.empty(offset, dtype=torch.uint8, device=device)
+        offset += _aligned(t.numel() * t.element_size())
+    flat = torch.empty(offset, dtype=torch.uint8, device=device) if out is None else out
+    if flat.numel() < offset:
+        raise ValueError(f"weight bucket of {offset} bytes does not fit a buffer of {flat.numel()}")
     for (name, t), (_, _, _, start) in zip(named, metas):
         nbytes = t.numel() * t.element_size()
         flat[start : start + nbytes].view(t.dtype).view(t.shape).copy_(t.detach(), non_blocking=True)
@@ -191,6 +205,13 @@ def _effective_linear_weight_chunks(layer: torch.nn.Module, device: torch.device
         yield layer.quant_method.apply(layer, eye, bias=None)
 
 
+def _linear_numel(layer: torch.nn.Module) -> int:
+    """Elements of this rank's share of a linear layer's weight, in x out."""
+    in_features = getattr(layer, "input_size_per_partition", None) or layer.input_size
+    out_features = getattr(layer, "output_size_per_partition", None) or layer.output_size
+    return in_features * out_features
+
+
 def layers_without_own_weights(model: torch.nn.Module) -> set[str]:
     """Class names of the layers that hold no checkpoint weight of their own: no parameters (a
     rotary embedding's cos/sin cache is a buffer computed at start) or only parameters another
@@ -253,6 +274,7 @@ class WeightSyncExtension:
 
     def rlft_close_groups(self) -> None:
         self._rlft_groups = {}
+        self._rlft_ipc = None
 
     def rlft_begin_update(self) -> bool:
         """Put the model in reload mode; returns whether vLLM's layer-wise reload is used.
@@ -288,7 +310,13 @@ class WeightSyncExtension:
             flat = torch.empty(nbytes, dtype=torch.uint8, device=on)
             broadcast_from_owner(self._rlft_groups[transport], flat)
         elif transport == "cuda_ipc":
-            flat = open_ipc_handle(ipc, device)
+            # The owner shares one buffer for every bucket of every update: map it once.
+            key = (ipc["handle"], ipc["storage_offset"], tuple(ipc["size"]))
+            mapped = getattr(self, "_rlft_ipc", None)
+            if mapped is None or mapped[0] != key:
+                self._rlft_ipc = None
+                mapped = self._rlft_ipc = (key, open_ipc_handle(ipc, device))
+            flat = mapped[1]
         else:
             raise ValueError(f"unknown weight transport {transport!r}")
         named = unpack_bucket(flat, metas)
@@ -339,30 +367,28 @@ class WeightSyncExtension:
     def rlft_weights_checksum(self) -> dict[str, float]:
         """``{"sum", "abs_sum"}`` in float64 over the weights the model computes with.
 
-        Every distinct parameter counts once (a tied embedding/lm_head too); a linear
-        layer's weight is read back through its kernel (see
-        :func:`_effective_linear_weight_chunks`), so repacked CPU weights count as well.
+        Every distinct parameter counts once (a tied embedding/lm_head too).  A linear layer whose
+        ``weight`` holds all of its in x out elements counts as it is (the sums do not depend on
+        the layout, fused or transposed); one whose kernel repacked it elsewhere (oneDNN on CPU
+        leaves ``weight`` empty) is read back through the kernel (see
+        :func:`_effective_linear_weight_chunks`), so repacked weights count as well.
         """
+        from rlft.engines.base import weights_checksum_of
+
         model = self.model_runner.model
         device = self._rlft_device()
-        total = 0.0
-        total_abs = 0.0
-        seen: set[int] = set()
-        for module in model.modules():
-            linear = _is_linear(module)
-            chunks: list[torch.Tensor] | Iterator[torch.Tensor] = []
-            for pname, param in module.named_parameters(recurse=False):
-                if id(param) in seen:
-                    continue
-                seen.add(id(param))
-                if linear and pname == "weight":
-                    chunks = _effective_linear_weight_chunks(module, device)
-                    continue
-                t = param.detach().to(torch.float64)
-                total += float(t.sum())
-                total_abs += float(t.abs().sum())
-            for chunk in chunks:
-                t = chunk.to(torch.float64)
-                total += float(t.sum())
-                total_abs += float(t.abs().sum())
-        return {"sum": total, "abs_sum": total_abs}
+
+        def tensors() -> Iterator[torch.Tensor]:
+            seen: set[int] = set()
+            for module in model.modules():
+                linear = _is_linear(module)
+                for pname, param in module.named_parameters(recurse=False):
+                    if id(param) in seen:
+                        continue
+                    seen.add(id(param))
+                    if linear and pname == "weight" and param.numel() != _linear_numel(module):
+                        yield from _effective_linear_weight_chunks(module, device)
+                    else:
+                        yield param
+
+        return weights_checksum_of(tensors())
