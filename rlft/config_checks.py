@@ -217,6 +217,8 @@ def _check_schedule(sch: schema.ScheduleConfig) -> None:
         v = getattr(sch, name)
         _require(v >= 0, f"schedule.{name}: must be >= 0 (0 = off), got {v}")
     _require(sch.sync_every >= 1, f"schedule.sync_every: must be >= 1, got {sch.sync_every}")
+    _require(all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sch.profile_steps),
+             f"schedule.profile_steps: must be a list of step numbers >= 1, got {sch.profile_steps}")
     _require(sch.max_staleness >= 0, f"schedule.max_staleness: must be >= 0 (0 = on-policy), got {sch.max_staleness}")
     _require(sch.max_staleness == 0 or sch.sync_every == 1,
              f"schedule.max_staleness: {sch.max_staleness} needs schedule.sync_every: 1 (got {sch.sync_every}); "

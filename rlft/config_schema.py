@@ -239,6 +239,9 @@ class ScheduleConfig:
     time_limit_minutes: float | None = None
     log_samples_every: int = 10
     num_logged_samples: int = 4
+    # Steps to run under torch's profiler (e.g. [3]): every rank writes OUT/profile/step<N>_rank<R>.txt,
+    # the operators and kernels that took its time.  The profiler slows the step it watches.
+    profile_steps: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -71,6 +71,15 @@ def test_summary_takes_medians_over_the_steps_after_the_first(steps_file):
     assert mem["by_role"] == {"policy": 6.5, "reference": 4.0, "sampler": 4.0}
 
 
+def test_a_profiled_step_is_not_measured(steps_file):
+    rows = metrics.read_steps(steps_file)
+    rows[2]["profiled"] = 1  # step 3, run under the profiler (schedule.profile_steps)
+    s = metrics.summarise_steps(rows, params=1_000_000_000, num_layers=10, hidden_size=1000,
+                                weight_bytes=2_000_000_000, sequences_per_step=10, peak_flops=1e12)
+    assert s["measured_steps"] == [2, 4]
+    assert s["train_s"] == 10.0  # median of 8 and 12
+
+
 def test_summary_of_one_step_uses_it_and_without_peak_has_no_mfu(tmp_path):
     rows = [step(1, sample=2.0, train=4.0, sync=1.0, step_s=8.0, response=100, total=400)]
     s = metrics.summarise_steps(rows, params=10, num_layers=1, hidden_size=1, weight_bytes=40,

@@ -279,6 +279,7 @@ def test_data_parallel_batch_split():
     (["optim.lr=1e400"], "optim.lr: must be a finite number > 0, got inf"),
     (["schedule.num_logged_samples=0"],
      "schedule.num_logged_samples: must be >= 1 (log no samples with schedule.log_samples_every=0), got 0"),
+    (["schedule.profile_steps=[0]"], "schedule.profile_steps: must be a list of step numbers >= 1, got [0]"),
     # consistency between settings
     (["grpo.loss_type=dapo"], "grpo.cliprange_high: required when grpo.loss_type is dapo"),
     (["grpo.loss_type=no_baseline"],

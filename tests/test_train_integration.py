@@ -291,10 +291,18 @@ def test_custom_reward_function_end_to_end_on_two_ranks(tiny_run, tmp_path):
     res = launch(*tiny_run["common"][:2], f"output.dir={out}", *tiny_run["common"][3:], *TWO_RANKS,
                  "reward.fn=seven_reward:reward", "schedule.steps=2", "schedule.save_every=0",
                  "schedule.evaluate_freq=0", "schedule.log_samples_every=1", "schedule.num_logged_samples=4",
-                 "grpo.rollout_is=tis", "grpo.overlong=filter", "grpo.epochs_per_rollout=2", "optim.lr=1e-3", env=env)
+                 "grpo.rollout_is=tis", "grpo.overlong=filter", "grpo.epochs_per_rollout=2", "optim.lr=1e-3",
+                 "schedule.profile_steps=[2]", env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     assert "rlft.train_grpo: 2 rank(s)" in res.stderr
     steps = read_steps(out)
+    # Step 2 ran under the profiler: each rank's table names its phases and what ran in them.
+    assert [s.get("profiled") for s in steps] == [None, 1]
+    assert sorted(p.name for p in (out / "profile").iterdir()) == ["step2_rank0.txt", "step2_rank1.txt"]
+    policy_table = (out / "profile" / "step2_rank0.txt").read_text()
+    assert policy_table.startswith("step 2, rank 0 (policy[stage 0/1, replica 0]), sorted by self_cpu_time_total")
+    assert "phase:train" in policy_table and "aten::mm" in policy_table
+    assert "phase:sample" in (out / "profile" / "step2_rank1.txt").read_text()
     samples = logged_samples(out)
     assert [s["step"] for s in steps] == [1, 2] and sorted(samples) == [1, 2]
     possible_means = {(k * 1.0 + (4 - k) * 0.25) / 4 for k in range(5)}

@@ -81,8 +81,11 @@ def _median(values: Iterable[float]) -> float | None:
 
 
 def measured_steps(steps: list[dict]) -> tuple[list[dict], bool]:
-    """The steps the medians are taken over, and whether the warm-up step was left out."""
+    """The steps the medians are taken over, and whether the warm-up step was left out.  A step
+    run under the profiler (`schedule.profile_steps`) is never one of them."""
     steps = [s for s in steps if s.get("step", 0) >= 1]  # step 0: an evaluation before training
+    if len(steps) > 1:
+        steps = steps[:1] + [s for s in steps[1:] if not s.get("profiled")]
     if len(steps) <= 1:
         return steps, False
     return steps[1:], True

@@ -75,7 +75,8 @@ class RankContext:
             torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
         try:
-            yield
+            with torch.profiler.record_function(f"phase:{phase}"):  # a range in a profiled step's record
+                yield
         finally:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
             if cuda:

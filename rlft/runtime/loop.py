@@ -17,6 +17,7 @@ from typing import Callable
 from rlft.common import log
 from rlft.runtime.checkpoint import checkpoint_step, complete_checkpoints, export_final_model, save_checkpoint
 from rlft.runtime.context import RankContext, peak_memory_gb
+from rlft.runtime.profiling import profiled_step
 from rlft.runtime.reporting import Tracker, format_samples, merge_metrics, progress_line
 
 StepFn = Callable[[RankContext, int, bool], dict]
@@ -98,7 +99,10 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
         last = step == total or bool(out_of_time)
         ctx.seconds, ctx.phase_memory_gb = {}, {}
         t0 = time.perf_counter()
-        metrics = step_fn(ctx, step, last)
+        with profiled_step(ctx, step):
+            metrics = step_fn(ctx, step, last)
+        if step in cfg.schedule.profile_steps:
+            metrics["profiled"] = 1  # its times include the profiler's own cost (benchmarks leave it out)
         flags = step_flags(ctx, metrics)
         if flags["nonfinite"]:
             first_bad = step if nonfinite_run == 0 else first_bad
