@@ -10,8 +10,9 @@
 # and merges {"mfu", "train_tokens_per_s", "s_per_step"} into benchmarks/results/summary.json as sft_1p5b.
 #
 # Environment: PYTHON (default python3), STEPS (default 8), BATCH (default 64), MICRO (default 16),
-#   MODEL (default random-1.5b; tiny for a CPU smoke run), TOKENIZER (a tokenizer directory for the
-#   random model; default the offline model's).
+#   MICRO_TOKENS (a token budget per micro-batch, optim.micro_batch_tokens, instead of MICRO rows;
+#   default 0 = MICRO rows), MODEL (default random-1.5b; tiny for a CPU smoke run), TOKENIZER (a
+#   tokenizer directory for the random model; default Qwen2.5's), EXTRA_ARGS (more key=value overrides).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -25,7 +26,9 @@ port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(
 "$PYTHON" -m deepspeed.launcher.runner --master_port "$port" --num_gpus 1 --module rlft.train_sft \
   --config launch/configs/sft_1gpu.yaml model.path="$model" data.source="$data" \
   sft.max_steps="${STEPS:-8}" sft.batch_size="${BATCH:-64}" optim.train_micro_batch_size="${MICRO:-16}" \
-  schedule.evaluate_freq=0 schedule.save_every=0 data.eval_size=8 sampling.backend=hf sampling.max_tokens=32 output.dir="$out/sft"
+  optim.micro_batch_tokens="${MICRO_TOKENS:-0}" \
+  schedule.evaluate_freq=0 schedule.save_every=0 data.eval_size=8 sampling.backend=hf sampling.max_tokens=32 \
+  output.dir="$out/sft" ${EXTRA_ARGS:-}
 "$PYTHON" -m rlft.bench --from-run "$out/sft" --json "$out/bench.json"
 "$PYTHON" - "$out/bench.json" <<'PY'
 import json, sys
@@ -35,7 +38,8 @@ result = json.load(open(sys.argv[1]))
 s = result["rlft"]["summary"]
 entry = {"mfu": s.get("train_mfu"), "train_tokens_per_s": s.get("train_tokens_per_s"), "s_per_step": s.get("step_s"),
          "gpu": result["machine"].get("gpu"), "commit": (result.get("commit") or {}).get("sha"),
-         "batch": result["config"]["sft"]["batch_size"], "micro_batch": result["config"]["optim"]["train_micro_batch_size"]}
+         "batch": result["config"]["sft"]["batch_size"], "micro_batch": result["config"]["optim"]["train_micro_batch_size"],
+         "micro_batch_tokens": result["config"]["optim"]["micro_batch_tokens"]}
 merge_summary(DEFAULT_SUMMARY, "sft_1p5b", entry)
 print("sft_1p5b:", entry)
 PY
