@@ -163,10 +163,13 @@ def default_cache_dir() -> Path:
     return models_cache()
 
 
-def random_model_key(name: str, shape: ModelShape, tokenizer_dir: str, seed: int) -> str:
-    """Cache directory name: the shape, the tokenizer's files and the seed decide the weights."""
-    h = hashlib.sha256(json.dumps({"shape": asdict(shape), "seed": seed, "v": _RANDOM_MODEL_VERSION},
-                                  sort_keys=True).encode())
+def random_model_key(name: str, shape: ModelShape, tokenizer_dir: str, seed: int, device: str = "cpu") -> str:
+    """Cache directory name: the shape, the tokenizer's files, the seed and the device whose generator
+    drew the weights decide them."""
+    facts = {"shape": asdict(shape), "seed": seed, "v": _RANDOM_MODEL_VERSION}
+    if device != "cpu":
+        facts["device"] = device
+    h = hashlib.sha256(json.dumps(facts, sort_keys=True).encode())
     for f in sorted(Path(tokenizer_dir).glob("tokenizer*.json")):
         h.update(f.name.encode())
         h.update(f.read_bytes())
@@ -186,7 +189,8 @@ def build_random_model(name: str, *, tokenizer_dir: str | None = None, cache_dir
     tokenizer_dir = str(tokenizer_dir or default_tokenizer_dir())
     cache = Path(cache_dir or default_cache_dir()).expanduser()
     cache.mkdir(parents=True, exist_ok=True)
-    target = cache / random_model_key(name, shape, tokenizer_dir, seed)
+    device = _init_device()
+    target = cache / random_model_key(name, shape, tokenizer_dir, seed, device)
     if (target / "config.json").is_file():
         return str(target)
     with FileLock(str(target) + ".lock"):
@@ -194,7 +198,7 @@ def build_random_model(name: str, *, tokenizer_dir: str | None = None, cache_dir
             return str(target)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache))
         try:
-            _write_random_model(shape, tokenizer_dir, tmp, seed)
+            _write_random_model(shape, tokenizer_dir, tmp, seed, device)
             os.chmod(tmp, 0o755)
             os.replace(tmp, target)
         except BaseException:
@@ -203,7 +207,15 @@ def build_random_model(name: str, *, tokenizer_dir: str | None = None, cache_dir
     return str(target)
 
 
-def _write_random_model(shape: ModelShape, tokenizer_dir: str, out: Path, seed: int) -> None:
+def _init_device() -> str:
+    """Where random weights are drawn: a GPU where there is one (a 1.5B shape takes minutes of CPU
+    time otherwise; only the shape matters to a benchmark)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _write_random_model(shape: ModelShape, tokenizer_dir: str, out: Path, seed: int, device: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -217,12 +229,14 @@ def _write_random_model(shape: ModelShape, tokenizer_dir: str, out: Path, seed: 
         raise ValueError(f"tokenizer {tokenizer_dir} cannot be padded to {vocab} ids (not a BPE tokenizer.json)")
     ids = {"bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id}
     config = hf_config(shape, vocab, ids)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[0] if device == "cuda" else []), torch.device(device):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, shape.dtype))
     model.save_pretrained(out, safe_serialization=True)
+    del model
     (out / "rlft_source.json").write_text(json.dumps({"random_shape": asdict(shape), "seed": seed,
-                                                      "tokenizer": tokenizer_dir}, indent=1))
+                                                      "tokenizer": tokenizer_dir, "initialised_on": device},
+                                                     indent=1))
 
 
 def resolve_bench_model(spec: str, *, tokenizer_dir: str | None = None, seed: int = 0) -> str:

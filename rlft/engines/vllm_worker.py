@@ -310,13 +310,16 @@ class WeightSyncExtension:
             flat = torch.empty(nbytes, dtype=torch.uint8, device=on)
             broadcast_from_owner(self._rlft_groups[transport], flat)
         elif transport == "cuda_ipc":
-            # The owner shares one buffer for every bucket of every update: map it once.
+            # The owner shares one buffer for every bucket of every update: map it once, and copy
+            # the bucket out (a fraction of a millisecond), because the next bucket overwrites it
+            # while vLLM's layer-wise reload may still hold views of this one (it loads a layer
+            # only once all of its parts have arrived).
             key = (ipc["handle"], ipc["storage_offset"], tuple(ipc["size"]))
             mapped = getattr(self, "_rlft_ipc", None)
             if mapped is None or mapped[0] != key:
                 self._rlft_ipc = None
                 mapped = self._rlft_ipc = (key, open_ipc_handle(ipc, device))
-            flat = mapped[1]
+            flat = mapped[1][:nbytes].clone()
         else:
             raise ValueError(f"unknown weight transport {transport!r}")
         named = unpack_bucket(flat, metas)
