@@ -78,6 +78,29 @@ class RolloutBatch:
         return dataclasses.replace(self, **{f.name: getattr(self, f.name)[rows] for f in dataclasses.fields(self)
                                             if getattr(self, f.name) is not None})
 
+    def flush_left(self) -> RolloutBatch:
+        """The same rows with each one's tokens moved to start at column 0: ``[pad..., prompt,
+        response, pad...]`` becomes ``[prompt, response, pad...]``.
+
+        Every token-aligned and label-aligned tensor of a row moves by the row's count of leading
+        pads ``s`` (column ``c`` takes column ``c + s``; the leading pads wrap round to the end), so
+        label column ``c`` still scores token ``c + 1`` and the labels that wrap round are padding,
+        outside the response mask.  Per-sequence fields are unchanged.  With no pad before any token,
+        attention needs no padding mask (causal attention alone is exact for every real token), and a
+        micro-batch is as wide as its longest row rather than the longest prompt plus response.
+        """
+        lead = (self.attention_mask.long().cumsum(1) == 0).sum(1)  # [B] leading pads per row
+        if not bool(lead.any()):
+            return self
+
+        def roll(t: Tensor) -> Tensor:
+            width = t.shape[1]
+            cols = (torch.arange(width, device=t.device)[None, :] + lead.to(t.device)[:, None]) % width
+            return t.gather(1, cols)
+
+        return dataclasses.replace(self, **{f.name: roll(getattr(self, f.name)) for f in dataclasses.fields(self)
+                                            if getattr(self, f.name) is not None and getattr(self, f.name).dim() == 2})
+
 
 @dataclass
 class Labels:

@@ -6,8 +6,8 @@ compute on padding wherever short and long responses share a micro-batch.  With 
 rows are sorted by length, longest first, and each micro-batch takes the next rows while
 rows x (its longest row) stays within the budget: similar lengths share a micro-batch, and short
 rows go many to a micro-batch.  Several sequences are never packed into one row: the GRPO losses
-hold per-sequence terms (the advantage, GSPO's sequence ratio, per-sequence aggregation) and the
-pipeline's attention takes a dense 4D mask, so packing would buy no attention compute here.
+hold per-sequence terms (the advantage, GSPO's sequence ratio, per-sequence aggregation).  The
+policy cuts rows already flushed left (`RolloutBatch.flush_left`), so a row's width is its length.
 
 The loss does not depend on the cut: every micro-batch's loss is its token sum divided by the
 replica's token count and multiplied by the number of micro-batches, which DeepSpeed divides by

@@ -59,6 +59,25 @@ def test_right_padding_prompts_of_different_lengths():
     assert b.advantages is None and b.raw_rewards is None and b.ref_logprobs is None and b.old_logprobs is None
 
 
+def test_flush_left_moves_each_row_to_column_0_with_its_labels():
+    b = build_rollout_batch([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]], pad_token_id=PAD, eos_token_id=EOS,
+                            bos_token_id=BOS, padding_side="left", response_logprobs=[[-1.0, -2.0], [-3.0, -4.0, -5.0]])
+    b.advantages = torch.tensor([0.5, -0.5])
+    f = b.flush_left()
+    out = as_lists(f)
+    # row 1 had 2 leading pads: they wrap round to the end; row 0 had none
+    assert out["input_ids"] == [[5, 6, 7, 9, 10, PAD], [8, 11, 12, 13, PAD, PAD]]
+    assert out["attention_mask"] == [[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]]
+    assert out["labels"] == [[6, 7, 9, 10, PAD], [11, 12, 13, PAD, PAD]]
+    # label column c still scores token c + 1: row 1's response tokens 11, 12, 13 are labels 0..2
+    assert out["response_mask"] == [[0, 0, 1, 1, 0], [1, 1, 1, 0, 0]]
+    assert f.sampler_logprobs.tolist() == [[0, 0, -1, -2, 0], [-3, -4, -5, 0, 0]]
+    # per-sequence fields are the rows' own
+    assert out["prompt_lengths"] == [3, 1] and f.advantages.tolist() == [0.5, -0.5]
+    assert f.flush_left() is f  # nothing left to move
+    assert used_width(f.attention_mask) == 5
+
+
 def test_left_padding_aligns_responses_after_the_longest_prompt():
     out = as_lists(
         build_rollout_batch(

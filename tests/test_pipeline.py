@@ -165,6 +165,73 @@ def test_layers_chained_match_hf(family, config, attn):
         assert (logp - full_logp)[valid].abs().max() > 1e-2
 
 
+def _chained(config, state_dict):
+    """The pipeline's layers in one process (weights copied by HF name) as one function, and the
+    HF name of every parameter it trains."""
+    built, funcs = {}, []
+    for spec in policy_layer_specs(config):
+        if isinstance(spec, TiedLayerSpec):
+            layer = built.setdefault(spec.key, spec.build())
+            funcs.append(functools.partial(spec.forward_fn, layer) if spec.forward_fn else layer)
+        else:
+            layer = built[len(built)] = spec.build()
+            funcs.append(layer)
+    params = {}
+    with torch.no_grad():
+        for layer in built.values():
+            for name, p in layer.named_parameters():
+                p.copy_(state_dict[layer.hf_name(name)])
+                params[layer.hf_name(name)] = p
+
+    def run(inputs):
+        for f in funcs:
+            inputs = f(inputs)
+        return inputs
+    return run, params
+
+
+@pytest.mark.parametrize("family,config", [("llama", tiny_llama(num_hidden_layers=2)),
+                                           ("qwen2", tiny_qwen2(num_hidden_layers=2))])
+def test_rows_flushed_left_run_unmasked_and_match_hf_on_the_padded_rows(family, config):
+    """The policy trains on rows moved to start at column 0 (`RolloutBatch.flush_left`), where SDPA
+    runs causal with no mask at all.  Log-probs, and gradients of their sum over the scored
+    positions, equal HF's on the original left- and right-padded rows, position by position."""
+    from rlft.batch import RolloutBatch
+    from rlft.pipeline.stages import StageContext
+
+    config._attn_implementation = "sdpa"
+    model = random_hf_model(config, seed=4)
+    batch = padded_batch(5, rows=4, T=9, left=(3, 0, 1, 2), right=(0, 2, 0, 1))
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    rows = RolloutBatch(input_ids=ids, attention_mask=mask, response_mask=scored(batch).float(),
+                        prompt_lengths=torch.ones(4, dtype=torch.long), response_lengths=torch.ones(4, dtype=torch.long))
+    flushed = rows.flush_left()
+    lead = torch.tensor([3, 0, 1, 2])
+    for r in range(4):  # each row moved by its leading pads, its labels with it
+        assert torch.equal(flushed.input_ids[r], ids[r].roll(-int(lead[r])))
+        assert torch.equal(flushed.response_mask[r], rows.response_mask[r].roll(-int(lead[r])))
+    context = StageContext(config)
+    assert context.mask(flushed.attention_mask, "sdpa", torch.float32, None) is None
+    assert context.mask(mask, "sdpa", torch.float32, None) is not None
+    assert context.mask(flushed.attention_mask, "eager", torch.float32, None) is not None
+
+    run, params = _chained(config, model.state_dict())
+    logp, _ = run((flushed.input_ids, flushed.attention_mask))
+    (logp * flushed.response_mask).sum().backward()
+    ref_logp, _ = hf_logprobs(model, batch)
+    (ref_logp * rows.response_mask).sum().backward()
+    for r in range(4):
+        n = int(rows.response_mask[r].sum())
+        got = logp[r][flushed.response_mask[r].bool()]
+        want = ref_logp[r][rows.response_mask[r].bool()]
+        assert got.shape == (n,) and (got - want).abs().max() <= TOL, (family, r)
+    hf_params = dict(model.named_parameters())
+    for name, p in params.items():
+        want = hf_params[name].grad
+        assert (p.grad - want).abs().max() <= TOL * max(1.0, float(want.abs().max())), name
+    assert any(float(p.grad.abs().max()) > 1e-3 for p in params.values())
+
+
 def test_refuses_unsupported_families_and_attention():
     with pytest.raises(ValueError, match="'gemma' is not supported"):
         policy_layer_specs(GemmaConfig(**TINY, num_hidden_layers=2, head_dim=16))

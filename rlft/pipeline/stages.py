@@ -196,10 +196,23 @@ class StageContext:
         return self._cached(attention_mask, ("rope", hidden.dtype, hidden.device), make)
 
     def mask(self, attention_mask: torch.Tensor, implementation: str, dtype: torch.dtype,
-             sliding_window: int | None) -> torch.Tensor:
-        """``[B,1,T,T]``, see :func:`attention_bias`."""
-        return self._cached(attention_mask, ("mask", implementation, dtype, sliding_window),
-                            lambda: attention_bias(attention_mask, implementation, dtype, sliding_window))
+             sliding_window: int | None) -> torch.Tensor | None:
+        """``[B,1,T,T]``, see :func:`attention_bias`; None where causal attention alone is exact: SDPA,
+        no sliding window, and every row's tokens first with any padding after them
+        (`RolloutBatch.flush_left`).  HF's SDPA attention then runs causal without a mask, which lets
+        PyTorch pick its flash kernel on a GPU instead of the memory-efficient one a mask needs."""
+        def make():
+            if implementation == "sdpa" and sliding_window is None and self.tokens_first(attention_mask):
+                return None
+            return attention_bias(attention_mask, implementation, dtype, sliding_window)
+        return self._cached(attention_mask, ("mask", implementation, dtype, sliding_window), make)
+
+    def tokens_first(self, attention_mask: torch.Tensor) -> bool:
+        """Whether every row is ``[1, ..., 1, 0, ..., 0]``: its first column a token, no token after a pad."""
+        def make():
+            m = attention_mask.bool()
+            return bool(m[:, 0].all()) and not bool((m[:, 1:] & ~m[:, :-1]).any())
+        return self._cached(attention_mask, "tokens_first", make)
 
 
 class DecoderLayerPipe(nn.Module):

@@ -185,7 +185,9 @@ class PolicyTrainer:
         (`rlft.roles.update_guard`): `skipped_updates` and `rolled_back_updates` count them, and
         `nonfinite` is 1 when the step's loss or gradient norm was not finite or an update was
         skipped or rolled back (the step did not change the weights soundly)."""
-        part = batch.rows(self.replica_rows())
+        # Tokens first in every row: attention then needs no padding mask, and micro-batches are as
+        # wide as their longest row (the losses read rows, not columns: they are unchanged).
+        part = batch.rows(self.replica_rows()).flush_left()
         if self.objective.needs_reference and reference_is_policy_base(self.cfg):
             from rlft.pipeline.lora import adapters_disabled
 
