@@ -21,7 +21,7 @@ def step(n: int, *, sample: float, train: float, sync: float, step_s: float, res
     rec = {"step": n, "time/sample": sample, "time/grade": 0.5, "time/train": train, "time/sync": sync,
            "time/step": step_s, "tokens/response": response, "tokens/total": total,
            "memory/peak_gb": max(mem), "time/sync/wake": sync / 4, "time/sync/load": sync / 2,
-           "time/sync/checksum": sync / 4}
+           "time/sync/load_finish": sync / 8, "time/sync/checksum": sync / 4, "time/sync/checksum_engine": sync / 8}
     rec.update({f"memory/peak_gb/rank{r}": gb for r, gb in enumerate(mem)})
     if eval_s is not None:
         rec["time/eval"] = eval_s
@@ -62,7 +62,9 @@ def test_summary_takes_medians_over_the_steps_after_the_first(steps_file):
     # GB/s = 2e9 bytes / 1e9 / (0.5, 0.25, 1.0) s -> 4, 8, 2 -> 4
     assert s["sync_gb_per_s"] == 4.0
     # the sampler's share of the sync, each part's median: wake 0.5/4 (of 0.5, 0.25, 1.0), load 0.5/2
-    assert s["sync_parts_s"] == {"wake": 0.125, "load": 0.25, "checksum": 0.125}
+    # (and of those, the engine's processing after the last bucket, and its checksum: 0.5/8 each)
+    assert s["sync_parts_s"] == {"wake": 0.125, "load": 0.25, "load_finish": 0.0625, "checksum": 0.125,
+                                 "checksum_engine": 0.0625}
     # memory: each rank's peak over all steps; a role's is its rank's
     mem = s["memory_peak_gb"]
     assert mem["max"] == 6.5
@@ -245,7 +247,11 @@ def test_cpu_run_writes_the_result_json(tmp_path, gsm8k_dir):
     assert entry["rlft_s_per_step"] == s["step_s"] and entry["train_mfu"] == s["train_mfu"]
     assert {"trl_vllm_s_per_step", "sync_s", "sample_s", "train_s"} <= set(entry)
     parts = s["sync_parts_s"]  # the sampler's share of the sync, from the run's own records
-    assert all(isinstance(v, float) and v >= 0 for v in parts.values()) and sum(parts.values()) <= s["sync_s"]
+    whole = ("wake", "load", "checksum")
+    assert all(isinstance(parts[p], float) and parts[p] >= 0 for p in whole)
+    assert sum(parts[p] for p in whole) <= s["sync_s"]
+    # the HF engine has no post-load processing; its checksum is part of the checksums
+    assert parts["load_finish"] is None and 0 <= parts["checksum_engine"] <= parts["checksum"]
     assert "sync load s" in proc.stdout
 
     # The same records summarised again, without launching.

@@ -210,6 +210,9 @@ def test_vllm_backend_runs_the_same_topology(tiny_run, tmp_path):
         assert s["sync/engine_sum"] == pytest.approx(s["sync/policy_sum"], rel=1e-5, abs=1e-4)
         assert s["sync/engine_abs_sum"] == pytest.approx(s["sync/policy_abs_sum"], rel=1e-6)
         assert s["reward/format"] > 0
+        # the sync's parts on the sampler's rank, each within the part it belongs to
+        assert 0 < s["time/sync/load_finish"] < s["time/sync/load"]
+        assert 0 < s["time/sync/checksum_engine"] <= s["time/sync/checksum"]
     assert (out / "model" / "config.json").is_file()
 
 

@@ -80,6 +80,9 @@ def _median(values: Iterable[float]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+SYNC_PARTS = ("wake", "load", "load_finish", "checksum", "checksum_engine")
+
+
 def measured_steps(steps: list[dict]) -> tuple[list[dict], bool]:
     """The steps the medians are taken over, and whether the warm-up step was left out.  A step
     run under the profiler (`schedule.profile_steps`) is never one of them."""
@@ -165,9 +168,10 @@ def summarise_steps(steps: list[dict], *, params: int, num_layers: int, hidden_s
         "train_mfu": mfu(False),
         "train_mfu_with_attention": mfu(True),
         "sync_gb_per_s": sync_gbps,
-        # the sampler's rank's share of the sync: waking its engines, taking the weights in, checksums
+        # the sampler's rank's share of the sync: waking its engines, taking the weights in (of which
+        # the engines' processing after the last bucket), checksums (of which the engine's)
         "sync_parts_s": {part: _median(s.get(f"time/sync/{part}") for s in measured)
-                         for part in ("wake", "load", "checksum")},
+                         for part in SYNC_PARTS},
         "memory_peak_gb": {"max": max(overall) if overall else None, "by_rank": by_rank, "by_role": by_role},
     }
 

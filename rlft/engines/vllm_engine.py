@@ -252,6 +252,11 @@ class VLLMEngine(RolloutEngine):
         """Wall time of the last ``update_weights`` (excluding the prefix-cache reset)."""
         return self.weight_sender.last_seconds
 
+    @property
+    def last_sync_finish_seconds(self) -> float | None:
+        """Of ``last_sync_seconds``, the worker's processing after the last bucket (``rlft_finish_update``)."""
+        return self.weight_sender.last_finish_seconds
+
     def _rpc(self, method: str, *args):
         return self.llm.collective_rpc(method, timeout=self.sync_timeout_s, args=args)[0]
 
@@ -328,6 +333,8 @@ class WeightSender:
         self.bucket_bytes = bucket_bytes
         self.timeout_s = timeout_s
         self.last_seconds: float | None = None
+        # Of which the worker's post-load processing of the update (vLLM's layer-wise reload).
+        self.last_finish_seconds: float | None = None
         self.last_transport: str | None = None
         self._groups: dict[str, object] = {}
         self._store = None
@@ -357,8 +364,11 @@ class WeightSender:
             raise
         # Part of the model by design (one pipeline stage, LoRA's adapted weights); a tied lm_head
         # is never sent.
+        finishing = time.perf_counter()
         kept = self.rpc("rlft_finish_update", bool(self.expected_shapes.keys() - sent - {"lm_head.weight"}))
-        self.last_seconds = time.perf_counter() - started
+        done = time.perf_counter()
+        self.last_seconds = done - started
+        self.last_finish_seconds = done - finishing
         if kept:
             raise ValueError(
                 "update_weights: vLLM fuses q/k/v and gate/up projections, and these layers got only "

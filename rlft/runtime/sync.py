@@ -84,12 +84,18 @@ def sync_weights(ctx: RankContext) -> dict:
         out.update({f"sync/policy_sum/stage{roles.stage}": sums["sum"],
                     f"sync/policy_abs_sum/stage{roles.stage}": sums["abs_sum"]})
     if roles.sampler and engines:  # the sampler's engine (in SFT the evaluator's, on the same rank)
+        engine_clock = time.perf_counter()
         sums = engines[0].weights_checksum()
+        done = time.perf_counter()
         out.update({"sync/engine_sum": sums["sum"], "sync/engine_abs_sum": sums["abs_sum"],
                     # where the sampler's rank spent the sync (seconds): waking its engines, taking the
-                    # weights in (and waiting for them), checksumming
+                    # weights in (and waiting for them), checksumming; and two parts of these: the
+                    # engines' processing after the last bucket, and the engine's own checksum
                     "time/sync/wake": woken - clock, "time/sync/load": loaded - woken,
-                    "time/sync/checksum": time.perf_counter() - loaded})
+                    "time/sync/checksum": done - loaded, "time/sync/checksum_engine": done - engine_clock})
+        finish = [f for e in engines if (f := getattr(e, "last_sync_finish_seconds", None)) is not None]
+        if finish:
+            out["time/sync/load_finish"] = sum(finish)
     parts = bridge.gather_objects(out, dst=t.sampler_rank)
     if parts is not None and (problem := sync_mismatch(parts)):
         raise WeightSyncError(problem)
