@@ -407,18 +407,25 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("checkpoints", "model"):
             shutil.rmtree(run_dir / name, ignore_errors=True)
 
-    if args.baseline == "trl" and ok:
-        result["trl"] = run_trl(cfg, w, steps=cfg.schedule.steps, use_gpu=use_gpu, gpus=max(gpus, 1), out=out,
-                                timeout=args.timeout)
+    json_path = Path(args.json) if args.json else out / "bench.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        """The result so far: a run cut short keeps what finished (rlft's, then the raw engine's)."""
+        result["ratios"] = metrics.trl_ratios(result)
+        result["headline"] = metrics.headline(result)
+        json_path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+    save()
+    # The raw engine first: it is the shorter run, and rlft's sampling is measured against it.
     if args.raw_engine and ok:
         result["raw_engine"] = run_raw_engine(cfg, w, steps=cfg.schedule.steps, use_gpu=use_gpu, out=out,
                                               timeout=args.timeout)
-    result["ratios"] = metrics.trl_ratios(result)
-    result["headline"] = metrics.headline(result)
-
-    json_path = Path(args.json) if args.json else out / "bench.json"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        save()
+    if args.baseline == "trl" and ok:
+        result["trl"] = run_trl(cfg, w, steps=cfg.schedule.steps, use_gpu=use_gpu, gpus=max(gpus, 1), out=out,
+                                timeout=args.timeout)
+        save()
     print(metrics.format_table(result))
     print(f"result: {json_path}")
     if args.summary_json and ok:
