@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The one-GPU benchmark set behind benchmarks/results/summary.json's w_big_1gpu and sft_1p5b, most
+# important first; every run's result is written as soon as it ends, so a set cut short keeps them:
+#
+#   bash benchmarks/bench_1gpu.sh GSM8K_DIR [OUT]
+#
+#   1. W-big (64 prompts x 8 x 512 tokens, random 1.5B shape): rlft with launch/configs/grpo_1gpu.yaml,
+#      then vLLM's own LLM.generate on the same work, then TRL's GRPOTrainer with vLLM colocate
+#      (summary key w_big_1gpu)
+#   2. the same rlft run with the engine awake between steps (sampling.vllm.sleep_mode=false: the
+#      1.5B shape's engine and training fit on one 141 GB GPU together), the sync without waking
+#      the engine (summary key w_big_1gpu_awake)
+#   3. SFT of the 1.5B shape, 256 GSM8K pairs a step in micro-batches of up to 16,384 tokens
+#      (summary key sft_1p5b)
+#
+# Environment: PYTHON (default python3), STEPS (default 5: medians over steps 2..5), MODEL and WORKLOAD
+# (default random-1.5b and w-big; tiny and tiny for a CPU smoke run, with SFT_BATCH=16), SETS (default
+# "wbig awake sft": which of the three to run).  OUT/summary.json is the summary after the set.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+data="$1"
+out="${2:-benchmarks/runs/1gpu-$(date +%Y%m%d-%H%M%S)}"
+PYTHON="${PYTHON:-python3}"
+export PYTHON
+mkdir -p "$out"
+rc=0
+for set in ${SETS:-wbig awake sft}; do
+  t0=$(date +%s)
+  case "$set" in
+    wbig) STEPS="${STEPS:-5}" WORKLOADS="${WORKLOAD:-w-big}" bash benchmarks/bench_grpo.sh "$out/grpo" || rc=$? ;;
+    awake) STEPS="${STEPS:-5}" WORKLOADS="${WORKLOAD:-w-big}" BASELINE=none RAW_ENGINE=0 \
+             EXTRA_ARGS="--summary-key w_big_1gpu_awake sampling.vllm.sleep_mode=false" \
+             bash benchmarks/bench_grpo.sh "$out/grpo_awake" || rc=$? ;;
+    sft) STEPS="${STEPS:-5}" BATCH="${SFT_BATCH:-256}" MICRO_TOKENS=16384 bash benchmarks/bench_sft.sh "$data" "$out/sft" || rc=$? ;;
+    *) echo "bench_1gpu.sh: unknown set $set (wbig, awake, sft)" >&2; exit 2 ;;
+  esac
+  echo "[bench_1gpu] $set took $(( $(date +%s) - t0 )) s (exit status so far $rc)" | tee -a "$out/sets.log"
+  cp benchmarks/results/summary.json "$out/summary.json" 2>/dev/null || true
+done
+exit $rc
