@@ -187,6 +187,7 @@ def _chained(config, state_dict):
         for f in funcs:
             inputs = f(inputs)
         return inputs
+    run.modules = [m for layer in built.values() for m in layer.modules()]
     return run, params
 
 
@@ -216,7 +217,16 @@ def test_rows_flushed_left_run_unmasked_and_match_hf_on_the_padded_rows(family, 
     assert context.mask(flushed.attention_mask, "eager", torch.float32, None) is not None
 
     run, params = _chained(config, model.state_dict())
+    # The layers' attention may use flash, memory-efficient or math kernels, never cuDNN's (its host
+    # time per call held the GPU idle); the global setting is back as it was afterwards.
+    seen = []
+    for module in run.modules:
+        if module.__class__.__name__.endswith("Attention"):
+            module.register_forward_pre_hook(lambda *_: seen.append(
+                (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled())))
     logp, _ = run((flushed.input_ids, flushed.attention_mask))
+    assert seen == [(False, True)] * config.num_hidden_layers
+    assert torch.backends.cuda.cudnn_sdp_enabled()
     (logp * flushed.response_mask).sum().backward()
     ref_logp, _ = hf_logprobs(model, batch)
     (ref_logp * rows.response_mask).sum().backward()
