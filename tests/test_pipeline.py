@@ -110,25 +110,36 @@ def scored(batch):
     return mask[:, 1:] & mask[:, :-1]
 
 
-def run_layers_in_order(config, state_dict, inputs):
-    """All of the pipeline's layers in one process, weights copied in by their HF names."""
+def chained_layers(config, state_dict):
+    """The pipeline's layers in one process (weights copied by HF name) as one function, and the
+    HF name of every parameter it trains."""
     built, funcs = {}, []
     for spec in policy_layer_specs(config):
         if isinstance(spec, TiedLayerSpec):
             layer = built.setdefault(spec.key, spec.build())
             funcs.append(functools.partial(spec.forward_fn, layer) if spec.forward_fn else layer)
         else:
-            layer = spec.build()
-            built[len(built)] = layer
+            layer = built[len(built)] = spec.build()
             funcs.append(layer)
+    params = {}
     with torch.no_grad():
         for layer in built.values():
             for name, p in layer.named_parameters():
                 p.copy_(state_dict[layer.hf_name(name)])
-    x = inputs
-    for f in funcs:
-        x = f(x)
-    return x
+                params[layer.hf_name(name)] = p
+
+    def run(inputs):
+        for f in funcs:
+            inputs = f(inputs)
+        return inputs
+    run.modules = [m for layer in built.values() for m in layer.modules()]
+    return run, params
+
+
+def run_layers_in_order(config, state_dict, inputs):
+    """All of the pipeline's layers in one process, weights copied in by their HF names."""
+    run, _ = chained_layers(config, state_dict)
+    return run(inputs)
 
 
 @pytest.mark.parametrize("family,config", [
@@ -165,32 +176,6 @@ def test_layers_chained_match_hf(family, config, attn):
         assert (logp - full_logp)[valid].abs().max() > 1e-2
 
 
-def _chained(config, state_dict):
-    """The pipeline's layers in one process (weights copied by HF name) as one function, and the
-    HF name of every parameter it trains."""
-    built, funcs = {}, []
-    for spec in policy_layer_specs(config):
-        if isinstance(spec, TiedLayerSpec):
-            layer = built.setdefault(spec.key, spec.build())
-            funcs.append(functools.partial(spec.forward_fn, layer) if spec.forward_fn else layer)
-        else:
-            layer = built[len(built)] = spec.build()
-            funcs.append(layer)
-    params = {}
-    with torch.no_grad():
-        for layer in built.values():
-            for name, p in layer.named_parameters():
-                p.copy_(state_dict[layer.hf_name(name)])
-                params[layer.hf_name(name)] = p
-
-    def run(inputs):
-        for f in funcs:
-            inputs = f(inputs)
-        return inputs
-    run.modules = [m for layer in built.values() for m in layer.modules()]
-    return run, params
-
-
 @pytest.mark.parametrize("family,config", [("llama", tiny_llama(num_hidden_layers=2)),
                                            ("qwen2", tiny_qwen2(num_hidden_layers=2))])
 def test_rows_flushed_left_run_unmasked_and_match_hf_on_the_padded_rows(family, config):
@@ -216,7 +201,7 @@ def test_rows_flushed_left_run_unmasked_and_match_hf_on_the_padded_rows(family, 
     assert context.mask(mask, "sdpa", torch.float32, None) is not None
     assert context.mask(flushed.attention_mask, "eager", torch.float32, None) is not None
 
-    run, params = _chained(config, model.state_dict())
+    run, params = chained_layers(config, model.state_dict())
     # The layers' attention may use flash, memory-efficient or math kernels, never cuDNN's (its host
     # time per call held the GPU idle); the global setting is back as it was afterwards.
     seen = []
