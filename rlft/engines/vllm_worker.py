@@ -25,6 +25,7 @@ This module imports nothing from vLLM at import time: the owner uses its bucket 
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
@@ -196,7 +197,7 @@ def _effective_linear_weight_chunks(layer: torch.nn.Module, device: torch.device
     the parameter empty; pushing the identity through the layer's own kernel recovers W^T
     exactly (each output is one weight times 1 plus zeros).
     """
-    in_features = getattr(layer, "input_size_per_partition", None) or layer.input_size
+    in_features, _ = _linear_sizes(layer)
     dtype = getattr(layer, "params_dtype", torch.get_default_dtype())
     for start in range(0, in_features, rows):
         count = min(rows, in_features - start)
@@ -205,11 +206,10 @@ def _effective_linear_weight_chunks(layer: torch.nn.Module, device: torch.device
         yield layer.quant_method.apply(layer, eye, bias=None)
 
 
-def _linear_numel(layer: torch.nn.Module) -> int:
-    """Elements of this rank's share of a linear layer's weight, in x out."""
-    in_features = getattr(layer, "input_size_per_partition", None) or layer.input_size
-    out_features = getattr(layer, "output_size_per_partition", None) or layer.output_size
-    return in_features * out_features
+def _linear_sizes(layer: torch.nn.Module) -> tuple[int, int]:
+    """(in, out) features of this rank's share of a linear layer."""
+    return (getattr(layer, "input_size_per_partition", None) or layer.input_size,
+            getattr(layer, "output_size_per_partition", None) or layer.output_size)
 
 
 def layers_without_own_weights(model: torch.nn.Module) -> set[str]:
@@ -325,7 +325,7 @@ class WeightSyncExtension:
         named = unpack_bucket(flat, metas)
         self.model_runner.model.load_weights(weights=named)
         if device.type == "cuda":
-            # The owner frees (IPC) or reuses (NCCL) its buffer when this RPC returns.
+            # The owner reuses its buffer (IPC, NCCL) when this RPC returns.
             torch.cuda.synchronize(device)
         return len(named)
 
@@ -389,7 +389,7 @@ class WeightSyncExtension:
                     if id(param) in seen:
                         continue
                     seen.add(id(param))
-                    if linear and pname == "weight" and param.numel() != _linear_numel(module):
+                    if linear and pname == "weight" and param.numel() != math.prod(_linear_sizes(module)):
                         yield from _effective_linear_weight_chunks(module, device)
                     else:
                         yield param
