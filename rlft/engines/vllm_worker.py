@@ -14,9 +14,10 @@ one of three transports that share every step after the buffer has arrived:
 * ``"cuda_ipc"``: the worker maps the owner's buffer through a CUDA IPC handle, for an
   owner on the *same* GPU (the usual sampler rank, whose vLLM engine runs in a child process).
 
-Loading goes through ``model.load_weights`` (HF names in, vLLM's fused layout out) between
-vLLM's layer-wise reload hooks, which restore checkpoint-format parameters first and redo
-each layer's post-load processing afterwards. That matters on CPU, where vLLM repacks
+Loading goes through ``model.load_weights`` (HF names in, vLLM's fused layout out). An
+unquantised model on a GPU takes it straight into its parameters, as in its first load; elsewhere
+it runs between vLLM's layer-wise reload hooks, which restore checkpoint-format parameters first
+and redo each layer's post-load processing afterwards. That matters on CPU, where vLLM repacks
 linear weights for oneDNN and leaves ``layer.weight`` empty.
 
 This module imports nothing from vLLM at import time: the owner uses its bucket helpers too.
@@ -212,6 +213,18 @@ def _linear_sizes(layer: torch.nn.Module) -> tuple[int, int]:
             getattr(layer, "output_size_per_partition", None) or layer.output_size)
 
 
+def weights_load_in_place(model: torch.nn.Module, device: torch.device, quantization: str | None) -> bool:
+    """Whether ``model.load_weights`` may write an update straight into the parameters: an
+    unquantised model on a GPU, every linear layer's ``weight`` holding its in x out elements.
+    vLLM then computes with the parameters as loaded (its GPU post-load step for unquantised
+    linear layers does nothing), as in the first load; a CPU engine repacks linear weights for
+    oneDNN after loading, and quantised layers convert theirs."""
+    if device.type != "cuda" or quantization is not None:
+        return False
+    return all(module.weight.numel() == math.prod(_linear_sizes(module))
+               for module in model.modules() if _is_linear(module) and isinstance(getattr(module, "weight", None), torch.Tensor))
+
+
 def layers_without_own_weights(model: torch.nn.Module) -> set[str]:
     """Class names of the layers that hold no checkpoint weight of their own: no parameters (a
     rotary embedding's cos/sin cache is a buffer computed at start) or only parameters another
@@ -279,11 +292,17 @@ class WeightSyncExtension:
     def rlft_begin_update(self) -> bool:
         """Put the model in reload mode; returns whether vLLM's layer-wise reload is used.
 
-        It is used when vLLM recorded the model's checkpoint layout at construction (vLLM
-        >= 0.32 does for every model); otherwise ``load_weights`` copies straight into the
-        parameters, which is right wherever they keep the checkpoint layout (GPU, unquantised).
+        It is used where the parameters may not keep the checkpoint's layout (a CPU engine, a
+        quantised model: see :func:`weights_load_in_place`) and vLLM recorded that layout at
+        construction; otherwise ``load_weights`` copies straight into the parameters, as a first
+        load does.  The layer-wise reload rebuilds every layer on the side and copies it back
+        (0.19 s of a 1.5B model's 0.46 s sync on an H200), which an unquantised GPU model never needs.
         """
         model = self.model_runner.model
+        quantization = getattr(getattr(getattr(self, "vllm_config", None), "model_config", None), "quantization", None)
+        if weights_load_in_place(model, self._rlft_device(), quantization):
+            self._rlft_layerwise = False
+            return False
         layerwise = None
         if _vllm_loaded():
             try:
@@ -319,7 +338,9 @@ class WeightSyncExtension:
             if mapped is None or mapped[0] != key:
                 self._rlft_ipc = None
                 mapped = self._rlft_ipc = (key, open_ipc_handle(ipc, device))
-            flat = mapped[1][:nbytes].clone()
+            flat = mapped[1][:nbytes]
+            if getattr(self, "_rlft_layerwise", False):
+                flat = flat.clone()
         else:
             raise ValueError(f"unknown weight transport {transport!r}")
         named = unpack_bucket(flat, metas)
