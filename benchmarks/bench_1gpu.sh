@@ -10,12 +10,15 @@
 #   2. the same rlft run with the engine awake between steps (sampling.vllm.sleep_mode=false: the
 #      1.5B shape's engine and training fit on one 141 GB GPU together), the sync without waking
 #      the engine (summary key w_big_1gpu_awake)
-#   3. SFT of the 1.5B shape, 256 GSM8K pairs a step in micro-batches of up to 16,384 tokens
+#   3. the W-big rlft run with the policy's decoder layers compiled (model.compile_layers=true;
+#      summary key w_big_1gpu_compiled)
+#   4. SFT of the 1.5B shape, 256 GSM8K pairs a step in micro-batches of up to 16,384 tokens
 #      (summary key sft_1p5b)
+#   5. the same SFT with the decoder layers compiled (summary key sft_1p5b_compiled)
 #
 # Environment: PYTHON (default python3), STEPS (default 5: medians over steps 2..5), MODEL and WORKLOAD
 # (default random-1.5b and w-big; tiny and tiny for a CPU smoke run, with SFT_BATCH=16), SETS (default
-# "wbig awake sft": which of the three to run).  OUT/summary.json is the summary after the set.
+# "wbig awake compiled sft sft_compiled": which of the five to run).  OUT/summary.json is the summary after the set.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -25,15 +28,20 @@ PYTHON="${PYTHON:-python3}"
 export PYTHON
 mkdir -p "$out"
 rc=0
-for set in ${SETS:-wbig awake sft}; do
+for set in ${SETS:-wbig awake compiled sft sft_compiled}; do
   t0=$(date +%s)
   case "$set" in
     wbig) STEPS="${STEPS:-5}" WORKLOADS="${WORKLOAD:-w-big}" bash benchmarks/bench_grpo.sh "$out/grpo" || rc=$? ;;
     awake) STEPS="${STEPS:-5}" WORKLOADS="${WORKLOAD:-w-big}" BASELINE=none RAW_ENGINE=0 \
              EXTRA_ARGS="--summary-key w_big_1gpu_awake sampling.vllm.sleep_mode=false" \
              bash benchmarks/bench_grpo.sh "$out/grpo_awake" || rc=$? ;;
+    compiled) STEPS="${STEPS:-5}" WORKLOADS="${WORKLOAD:-w-big}" BASELINE=none RAW_ENGINE=0 \
+             EXTRA_ARGS="--summary-key w_big_1gpu_compiled model.compile_layers=true" \
+             bash benchmarks/bench_grpo.sh "$out/grpo_compiled" || rc=$? ;;
     sft) STEPS="${STEPS:-5}" BATCH="${SFT_BATCH:-256}" MICRO_TOKENS=16384 bash benchmarks/bench_sft.sh "$data" "$out/sft" || rc=$? ;;
-    *) echo "bench_1gpu.sh: unknown set $set (wbig, awake, sft)" >&2; exit 2 ;;
+    sft_compiled) STEPS="${STEPS:-5}" BATCH="${SFT_BATCH:-256}" MICRO_TOKENS=16384 SUMMARY_KEY=sft_1p5b_compiled \
+                  EXTRA_ARGS="model.compile_layers=true" bash benchmarks/bench_sft.sh "$data" "$out/sft_compiled" || rc=$? ;;
+    *) echo "bench_1gpu.sh: unknown set $set (wbig, awake, compiled, sft, sft_compiled)" >&2; exit 2 ;;
   esac
   echo "[bench_1gpu] $set took $(( $(date +%s) - t0 )) s (exit status so far $rc)" | tee -a "$out/sets.log"
   cp benchmarks/results/summary.json "$out/summary.json" 2>/dev/null || true

@@ -51,6 +51,9 @@ class ModelConfig:
     dtype: str = "auto"  # auto = bf16 on GPU, fp32 on CPU
     attn_implementation: str = "sdpa"  # sdpa | eager
     activation_checkpointing: bool = False
+    # torch.compile each decoder layer of the policy (the layers share one compiled graph); fuses the
+    # norms, rotary embedding and activation into few kernels, at the cost of a compile in the first step
+    compile_layers: bool = False
     padding_side: str = "right"  # how rollout batches are padded for the policy: right | left
     lora: LoRAConfig = field(default_factory=LoRAConfig)
 
@@ -280,6 +283,9 @@ class OutputConfig:
     # Resume only the policy's weights (the checkpoint's HF export), with a fresh optimizer: for a
     # checkpoint written by another topology, whose DeepSpeed state cannot be loaded.
     resume_weights_only: bool = False
+    # false: the last step writes no checkpoint and no model/ (benchmarks, throwaway runs; such a run
+    # cannot be resumed from its end)
+    save_at_end: bool = True
 
 
 @dataclass

@@ -227,6 +227,48 @@ def test_rows_flushed_left_run_unmasked_and_match_hf_on_the_padded_rows(family, 
     assert any(float(p.grad.abs().max()) > 1e-3 for p in params.values())
 
 
+def test_compiled_layers_share_one_graph_and_match_hf():
+    """`model.compile_layers`: each decoder layer runs through torch.compile, the layers share their
+    compiled code (one graph per kind of batch, not one per layer), and log-probs and gradients stay
+    HF's, on padded rows (with a mask) and on rows flushed left (none)."""
+    from torch._dynamo.utils import counters
+
+    from rlft.batch import RolloutBatch
+    from rlft.pipeline import compile_decoder_layers
+    from rlft.pipeline.stages import DecoderLayerPipe
+
+    config = tiny_qwen2(num_hidden_layers=3)
+    config._attn_implementation = "sdpa"
+    model = random_hf_model(config, seed=6)
+    batch = padded_batch(7, rows=3, T=8, left=(2, 0, 1), right=(0, 3, 0))
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    run, params = chained_layers(config, model.state_dict())
+    torch._dynamo.reset()
+    counters.clear()
+    assert compile_decoder_layers(torch.nn.ModuleList(m for m in run.modules if isinstance(m, DecoderLayerPipe))) == 3
+    ref_logp, _ = hf_logprobs(model, batch)
+    (ref_logp * scored(batch)).sum().backward()
+    hf_grads = {name: p.grad for name, p in model.named_parameters()}
+    logp, _ = run((ids, mask))
+    assert (logp - ref_logp.detach())[scored(batch)].abs().max() <= TOL
+    (logp * scored(batch)).sum().backward()
+    for name, p in params.items():
+        want = hf_grads[name]
+        assert (p.grad - want).abs().max() <= TOL * max(1.0, float(want.abs().max())), name
+    masked_graphs = counters["stats"]["unique_graphs"]
+    assert masked_graphs == 1, dict(counters["stats"])  # shared by the three layers
+    rows = RolloutBatch(input_ids=ids, attention_mask=mask, response_mask=scored(batch).float(),
+                        prompt_lengths=torch.ones(3, dtype=torch.long), response_lengths=torch.ones(3, dtype=torch.long))
+    flushed = rows.flush_left()
+    flushed_logp, _ = run((flushed.input_ids, flushed.attention_mask))
+    for r in range(3):
+        got = flushed_logp[r][flushed.response_mask[r].bool()]
+        want = ref_logp[r][rows.response_mask[r].bool()].detach()
+        assert (got - want).abs().max() <= TOL, r
+    assert counters["stats"]["unique_graphs"] - masked_graphs <= 1  # the unmasked kind: once more, not per layer
+    torch._dynamo.reset()
+
+
 def test_refuses_unsupported_families_and_attention():
     with pytest.raises(ValueError, match="'gemma' is not supported"):
         policy_layer_specs(GemmaConfig(**TINY, num_hidden_layers=2, head_dim=16))

@@ -114,6 +114,7 @@ def bench_overrides(w: Workload, *, model_dir: str, data: str, steps: int, backe
         "schedule.evaluate_freq=0",
         "schedule.evaluate_at_start=false",
         "schedule.save_every=0",
+        "output.save_at_end=false",
         "schedule.log_samples_every=0",
         f"seed={seed}",
     ]

@@ -30,7 +30,8 @@ vocabulary in chunks), ``module.py`` (:class:`PolicyPipeline`, feeding the engin
 """
 
 from rlft.pipeline.module import PolicyPipeline, build_policy_pipeline, pipeline_batch_iter, pipeline_logprobs
-from rlft.pipeline.stages import (SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES, attention_bias, layers_per_stage,
+from rlft.pipeline.stages import (SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES, attention_bias, compile_decoder_layers,
+                                  layers_per_stage,
                                   next_token_logprobs, policy_layer_specs, position_ids_from_mask,
                                   stage_layer_range, valid_stage_counts)
 from rlft.pipeline.weights import export_hf_state_dict, hf_named_parameters, load_hf_weights
@@ -41,6 +42,7 @@ __all__ = [
     "PolicyPipeline",
     "attention_bias",
     "build_policy_pipeline",
+    "compile_decoder_layers",
     "export_hf_state_dict",
     "hf_named_parameters",
     "layers_per_stage",

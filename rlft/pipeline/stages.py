@@ -254,6 +254,16 @@ class DecoderLayerPipe(nn.Module):
         return out, attention_mask, input_ids
 
 
+def compile_decoder_layers(module: nn.Module) -> int:
+    """``torch.compile`` every decoder layer of ``module`` in place (its parameter names stay as they
+    are); returns how many.  The layers run the same code, so torch compiles one graph for all of
+    them (per shape class: sizes are dynamic from the start, a masked and an unmasked batch differ)."""
+    layers = [m.layer for m in module.modules() if isinstance(m, DecoderLayerPipe)]
+    for layer in layers:
+        layer.compile(dynamic=True)
+    return len(layers)
+
+
 class FinalNormPipe(nn.Module):
     """Last stage: the model's final RMSNorm on the hidden state."""
 

@@ -19,7 +19,8 @@ from rlft.batch import Labels, RolloutBatch, used_width
 from rlft.config import RunConfig
 from rlft.micro_batches import fixed_micro_batches, row_widths, token_budget_micro_batches
 from rlft.objectives import Objective
-from rlft.pipeline import build_policy_pipeline, export_hf_state_dict, load_hf_weights, pipeline_logprobs
+from rlft.pipeline import (build_policy_pipeline, compile_decoder_layers, export_hf_state_dict, load_hf_weights,
+                           pipeline_logprobs)
 from rlft.roles.reference import reference_is_policy_base
 from rlft.roles.update_guard import GuardedAdamW, SkipNonFiniteSteps  # noqa: F401 (importable from here)
 from rlft.topology import RankRoles, check_stages_vs_layers
@@ -102,6 +103,8 @@ class PolicyTrainer:
             add_lora(module, cfg.model.lora, seed=cfg.seed)
             if adapter_path is not None:
                 load_adapter_weights(module, adapter_path)
+        if cfg.model.compile_layers:
+            compile_decoder_layers(module)
         params = [p for p in module.parameters() if p.requires_grad]
         o = cfg.optim
         optimizer = GuardedAdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,

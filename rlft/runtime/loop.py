@@ -117,8 +117,9 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
             if roles.rank == 0 and ctx.tracker is not None:
                 early = early + ([extra_metrics(early)] if extra_metrics else [])
                 ctx.tracker.record(step, merge_metrics(early)[0])
-            with ctx.timed("save"):
-                save_checkpoint(ctx, step, final=True)
+            if cfg.output.save_at_end:
+                with ctx.timed("save"):
+                    save_checkpoint(ctx, step, final=True)
             metrics.update(final_eval(ctx, step))
         metrics["seconds"] = {**ctx.seconds, "step": time.perf_counter() - t0}
         clock.add(metrics["seconds"]["step"])
