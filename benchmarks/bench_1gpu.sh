@@ -4,21 +4,21 @@
 #
 #   bash benchmarks/bench_1gpu.sh GSM8K_DIR [OUT]
 #
-#   1. W-big (64 prompts x 8 x 512 tokens, random 1.5B shape): rlft with launch/configs/grpo_1gpu.yaml,
-#      then vLLM's own LLM.generate on the same work, then TRL's GRPOTrainer with vLLM colocate
-#      (summary key w_big_1gpu)
+#   1. W-big (64 prompts x 8 x 512 tokens, random 1.5B shape): rlft with launch/configs/grpo_1gpu.yaml
+#      (decoder layers compiled), then vLLM's own LLM.generate on the same work, then TRL's
+#      GRPOTrainer with vLLM colocate (summary key w_big_1gpu)
 #   2. the same rlft run with the engine awake between steps (sampling.vllm.sleep_mode=false: the
 #      1.5B shape's engine and training fit on one 141 GB GPU together), the sync without waking
 #      the engine (summary key w_big_1gpu_awake)
-#   3. the W-big rlft run with the policy's decoder layers compiled (model.compile_layers=true;
-#      summary key w_big_1gpu_compiled)
+#   3. the W-big rlft run with the decoder layers eager (model.compile_layers=false; summary key
+#      w_big_1gpu_eager)
 #   4. SFT of the 1.5B shape, 256 GSM8K pairs a step in micro-batches of up to 16,384 tokens
 #      (summary key sft_1p5b)
 #   5. the same SFT with the decoder layers compiled (summary key sft_1p5b_compiled)
 #
 # Environment: PYTHON (default python3), STEPS (default 5: medians over steps 2..5), MODEL and WORKLOAD
 # (default random-1.5b and w-big; tiny and tiny for a CPU smoke run, with SFT_BATCH=16), SETS (default
-# "wbig awake compiled sft sft_compiled": which of the five to run).  OUT/summary.json is the summary after the set.
+# "wbig awake eager sft sft_compiled": which of the five to run).  OUT/summary.json is the summary after the set.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -28,20 +28,20 @@ PYTHON="${PYTHON:-python3}"
 export PYTHON
 mkdir -p "$out"
 rc=0
-for set in ${SETS:-wbig awake compiled sft sft_compiled}; do
+for set in ${SETS:-wbig awake eager sft sft_compiled}; do
   t0=$(date +%s)
   case "$set" in
     wbig) STEPS="${STEPS:-5}" WORKLOADS="${WORKLOAD:-w-big}" bash benchmarks/bench_grpo.sh "$out/grpo" || rc=$? ;;
     awake) STEPS="${STEPS:-5}" WORKLOADS="${WORKLOAD:-w-big}" BASELINE=none RAW_ENGINE=0 \
              EXTRA_ARGS="--summary-key w_big_1gpu_awake sampling.vllm.sleep_mode=false" \
              bash benchmarks/bench_grpo.sh "$out/grpo_awake" || rc=$? ;;
-    compiled) STEPS="${STEPS:-5}" WORKLOADS="${WORKLOAD:-w-big}" BASELINE=none RAW_ENGINE=0 \
-             EXTRA_ARGS="--summary-key w_big_1gpu_compiled model.compile_layers=true" \
-             bash benchmarks/bench_grpo.sh "$out/grpo_compiled" || rc=$? ;;
+    eager) STEPS="${STEPS:-5}" WORKLOADS="${WORKLOAD:-w-big}" BASELINE=none RAW_ENGINE=0 \
+             EXTRA_ARGS="--summary-key w_big_1gpu_eager model.compile_layers=false" \
+             bash benchmarks/bench_grpo.sh "$out/grpo_eager" || rc=$? ;;
     sft) STEPS="${STEPS:-5}" BATCH="${SFT_BATCH:-256}" MICRO_TOKENS=16384 bash benchmarks/bench_sft.sh "$data" "$out/sft" || rc=$? ;;
     sft_compiled) STEPS="${STEPS:-5}" BATCH="${SFT_BATCH:-256}" MICRO_TOKENS=16384 SUMMARY_KEY=sft_1p5b_compiled \
                   EXTRA_ARGS="model.compile_layers=true" bash benchmarks/bench_sft.sh "$data" "$out/sft_compiled" || rc=$? ;;
-    *) echo "bench_1gpu.sh: unknown set $set (wbig, awake, compiled, sft, sft_compiled)" >&2; exit 2 ;;
+    *) echo "bench_1gpu.sh: unknown set $set (wbig, awake, eager, sft, sft_compiled)" >&2; exit 2 ;;
   esac
   echo "[bench_1gpu] $set took $(( $(date +%s) - t0 )) s (exit status so far $rc)" | tee -a "$out/sets.log"
   cp benchmarks/results/summary.json "$out/summary.json" 2>/dev/null || true

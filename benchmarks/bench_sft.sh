@@ -30,7 +30,7 @@ port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(
   sft.max_steps="${STEPS:-8}" sft.batch_size="${BATCH:-64}" optim.train_micro_batch_size="${MICRO:-16}" \
   optim.micro_batch_tokens="${MICRO_TOKENS:-0}" \
   schedule.evaluate_freq=0 schedule.save_every=0 data.eval_size=8 sampling.backend=hf sampling.max_tokens=32 \
-  output.dir="$out/sft" ${EXTRA_ARGS:-}
+  output.save_at_end=false output.dir="$out/sft" ${EXTRA_ARGS:-}
 "$PYTHON" -m rlft.bench --from-run "$out/sft" --json "$out/bench.json"
 "$PYTHON" - "$out/bench.json" "${SUMMARY_KEY:-sft_1p5b}" <<'PY'
 import json, sys
