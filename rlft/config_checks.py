@@ -226,6 +226,9 @@ def _check_schedule(sch: schema.ScheduleConfig) -> None:
 
 
 def _check_output_and_data(cfg: RunConfig) -> None:
+    _require(cfg.output.save_at_end or cfg.schedule.time_limit_minutes is None,
+             f"output.save_at_end: false leaves nothing to continue from, while schedule.time_limit_minutes "
+             f"({cfg.schedule.time_limit_minutes}) ends a launch to be continued by the next; set one of them back")
     _require(cfg.output.keep_checkpoints >= 0,
              f"output.keep_checkpoints: must be >= 0 (0 = keep all), got {cfg.output.keep_checkpoints}")
     _require(cfg.output.resume in ("auto", "never") or bool(cfg.output.resume),

@@ -8,6 +8,7 @@ the dumps with the plain HF model. ``spec.json``::
      "cases": [{"name": ..., "model_dir": ..., "attn_implementation": "eager" | "sdpa",
                 "micro_batch_size": 2, "gradient_accumulation_steps": 2,
                 "activation_checkpoint_interval": 0, "load_from": "dir" | "state_dict",
+                "compile_layers": false  (optional: the decoder layers through torch.compile),
                 "lora": {"settings": {rank, alpha, dropout, target_modules}, "seed": 0,
                          "adapter_dir": peft adapter directory}  (optional)}, ...]}
 
@@ -18,7 +19,8 @@ the training loss and metrics, the gradients under HF names just before the opti
 and the stage's :func:`export_hf_state_dict` after the step. With ``lora`` also the adapters as
 initialised and their gradients (peft names), the merged export of the adapted weights only, the
 frozen parameters that got a gradient (none expected), and ``eval_after`` again with the adapters
-off (``eval_base``) and back on (``eval_again``).
+off (``eval_base``) and back on (``eval_again``). ``compiled_graphs``: how many graphs torch.compile
+made during the case.
 """
 
 import argparse
@@ -31,8 +33,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
-from rlft.pipeline import (build_policy_pipeline, export_hf_state_dict, hf_named_parameters, load_hf_weights,
-                           pipeline_batch_iter, pipeline_logprobs)
+from rlft.pipeline import (build_policy_pipeline, compile_decoder_layers, export_hf_state_dict, hf_named_parameters,
+                           load_hf_weights, pipeline_batch_iter, pipeline_logprobs)
 
 
 class MaskedNLL:
@@ -79,6 +81,8 @@ def run_case(case, data, out_dir):
         initial_adapter = {k: v.clone() for k, v in adapter_state_dict(module).items()}
         initial_export = {k: v.clone() for k, v in merged_hf_state_dict(module).items()}
         load_adapter_weights(module, lora["adapter_dir"])
+    if case.get("compile_layers"):
+        compile_decoder_layers(module)
     mbs, gas = case["micro_batch_size"], case["gradient_accumulation_steps"]
     ds_config = {"train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": gas,
                  "gradient_clipping": 0.0, "zero_optimization": {"stage": 0}, "steps_per_print": 10**9}
@@ -106,6 +110,9 @@ def run_case(case, data, out_dir):
 
     engine._take_model_step = capture_grads_then_step
 
+    from torch._dynamo.utils import counters
+
+    graphs_before = counters["stats"]["unique_graphs"]
     result = {"stage": engine.stage_id, "layer_range": module.layer_range, "missing_error": missing_error}
     result["eval_before"] = pipeline_logprobs(engine, data["eval_before"], mbs, with_entropy=True)
     loss = engine.train_batch(pipeline_batch_iter(data["train"], mbs, label_keys=("response_mask",)))
@@ -124,6 +131,7 @@ def run_case(case, data, out_dir):
         with adapters_disabled(module):
             result["eval_base"] = pipeline_logprobs(engine, data["eval_after"], mbs, with_entropy=True)
         result["eval_again"] = pipeline_logprobs(engine, data["eval_after"], mbs, with_entropy=True)
+    result["compiled_graphs"] = counters["stats"]["unique_graphs"] - graphs_before  # torch.compile's, this case
     os.makedirs(os.path.join(out_dir, case["name"]), exist_ok=True)
     torch.save(result, os.path.join(out_dir, case["name"], f"stage{engine.stage_id}.pt"))
     dist.barrier()

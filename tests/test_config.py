@@ -286,6 +286,9 @@ def test_data_parallel_batch_split():
      "grpo.group_size: loss_type no_baseline uses no groups; set grpo.group_size=1 (got 8)"),
     (["grpo.group_size=3"], "optim.rollout_batch_size: must be a multiple of grpo.group_size (3), got 256"),
     # settings that pass each check alone but fail mid-run together
+    (["output.save_at_end=false", "schedule.time_limit_minutes=30"],
+     "output.save_at_end: false leaves nothing to continue from, while schedule.time_limit_minutes (30.0) ends a "
+     "launch to be continued by the next; set one of them back"),
     (["sampling.min_tokens=8", "sampling.eval_max_tokens=4"],
      "sampling.eval_max_tokens: must be >= sampling.min_tokens (8), the evaluation's forced minimum, got 4"),
     (["grpo.advantage_eps=0"],

@@ -300,12 +300,13 @@ def test_pipeline_batch_iter_cuts_rows_and_orders_labels():
 # --------------------------------------------------------------------------------------------
 
 MICRO_BATCH, GAS = 2, 2
-CASES = {  # name -> (config factory, attention, activation checkpoint interval, weights given as)
-    "llama_tied_sdpa": (tiny_llama, "sdpa", 0, "dir"),
-    "qwen2_untied_eager": (tiny_qwen2, "eager", 0, "state_dict"),
-    "llama_tied_eager_ckpt": (tiny_llama, "eager", 1, "sharded_dir"),
+CASES = {  # name -> (config factory, attention, activation checkpoint interval, weights given as, compiled layers)
+    "llama_tied_sdpa": (tiny_llama, "sdpa", 0, "dir", False),
+    "qwen2_untied_eager": (tiny_qwen2, "eager", 0, "state_dict", False),
+    "llama_tied_eager_ckpt": (tiny_llama, "eager", 1, "sharded_dir", False),
+    "qwen2_untied_sdpa_ckpt_compiled": (tiny_qwen2, "sdpa", 1, "dir", True),  # model.compile_layers
 }
-LAUNCHES = {2: ["llama_tied_sdpa", "qwen2_untied_eager", "llama_tied_eager_ckpt"],
+LAUNCHES = {2: ["llama_tied_sdpa", "qwen2_untied_eager", "llama_tied_eager_ckpt", "qwen2_untied_sdpa_ckpt_compiled"],
             3: ["llama_tied_sdpa", "qwen2_untied_eager"]}
 
 
@@ -333,7 +334,7 @@ def models(tmp_path_factory):
     """name -> (saved model dir, the HF model in eval mode)."""
     root = tmp_path_factory.mktemp("models")
     out = {}
-    for seed, (name, (factory, attn, _, load_from)) in enumerate(CASES.items()):
+    for seed, (name, (factory, attn, _, load_from, _)) in enumerate(CASES.items()):
         config = factory()
         config._attn_implementation = attn
         model = random_hf_model(config, seed=10 + seed)
@@ -350,7 +351,8 @@ def launches(models, tmp_path_factory):
         return {"name": name, "model_dir": str(models[name][0]),
                 "load_from": "state_dict" if CASES[name][3] == "state_dict" else "dir",
                 "attn_implementation": CASES[name][1], "micro_batch_size": MICRO_BATCH,
-                "gradient_accumulation_steps": GAS, "activation_checkpoint_interval": CASES[name][2]}
+                "gradient_accumulation_steps": GAS, "activation_checkpoint_interval": CASES[name][2],
+                "compile_layers": CASES[name][4]}
     return run_pipeline_checks(tmp_path_factory.mktemp("launch"), BATCHES,
                                {num_stages: [case(name) for name in names] for num_stages, names in LAUNCHES.items()})
 
@@ -371,6 +373,17 @@ def test_stages_hold_the_ceil_split(launches, num_stages, name):
         names = set(res["grads"]) | set(res["replica_grads"])
         assert f"stage {s}: {len(names)} parameter(s) not found" in res["missing_error"]
         assert all(name in res["missing_error"] for name in names)
+
+
+@pytest.mark.parametrize("num_stages,name", LAUNCHED)
+def test_compiled_cases_run_their_layers_compiled(launches, num_stages, name):
+    """The compiled case's layers ran through torch.compile on every stage (the tests below then hold
+    it to HF's numbers), in a few graphs shared by the stage's layers; the other cases compiled none."""
+    graphs = [res["compiled_graphs"] for res in stage_results(launches, num_stages, name)]
+    if CASES[name][4]:
+        assert all(1 <= g <= 6 for g in graphs), graphs
+    else:
+        assert graphs == [0] * num_stages
 
 
 @pytest.mark.parametrize("num_stages,name", LAUNCHED)

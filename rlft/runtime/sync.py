@@ -1,6 +1,7 @@
 """Fresh policy weights into the engines (the sampler's and the evaluator's), in place."""
 from __future__ import annotations
 
+import concurrent.futures
 import time
 
 from rlft.engines.base import named_weights_checksum
@@ -14,6 +15,16 @@ SYNC_TAG = 100  # + stage: one point-to-point stream per pipeline stage
 # small differences such as one layer one step behind, whose updates of either sign mostly cancel
 # in both sums.
 SYNC_TOLERANCE = 1e-6
+
+
+# One thread that sums the engine's weights while the rank sums the policy's (`sync_weights`).
+_CHECKSUMS = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlft-engine-checksum")
+
+
+def _timed_checksum(engine) -> tuple[dict, float]:
+    started = time.perf_counter()
+    sums = engine.weights_checksum()
+    return sums, time.perf_counter() - started
 
 
 class WeightSyncError(RuntimeError):
@@ -79,20 +90,24 @@ def sync_weights(ctx: RankContext) -> dict:
                 for e in engines:
                     e.update_weights(received)
     loaded = time.perf_counter()
+    engine_check = None
+    if roles.sampler and engines:  # the sampler's engine (in SFT the evaluator's, on the same rank)
+        # Summed in a thread of its own (a vLLM engine in its worker process) while this rank sums
+        # its share of the policy, when it holds one.
+        engine_check = _CHECKSUMS.submit(_timed_checksum, engines[0])
     if roles.policy and roles.replica == 0:
         sums = named_weights_checksum(ctx.policy.export_state().items())
         out.update({f"sync/policy_sum/stage{roles.stage}": sums["sum"],
                     f"sync/policy_abs_sum/stage{roles.stage}": sums["abs_sum"]})
-    if roles.sampler and engines:  # the sampler's engine (in SFT the evaluator's, on the same rank)
-        engine_clock = time.perf_counter()
-        sums = engines[0].weights_checksum()
+    if engine_check is not None:
+        sums, engine_seconds = engine_check.result()
         done = time.perf_counter()
         out.update({"sync/engine_sum": sums["sum"], "sync/engine_abs_sum": sums["abs_sum"],
                     # where the sampler's rank spent the sync (seconds): waking its engines, taking the
                     # weights in (and waiting for them), checksumming; and two parts of these: the
                     # engines' processing after the last bucket, and the engine's own checksum
                     "time/sync/wake": woken - clock, "time/sync/load": loaded - woken,
-                    "time/sync/checksum": done - loaded, "time/sync/checksum_engine": done - engine_clock})
+                    "time/sync/checksum": done - loaded, "time/sync/checksum_engine": engine_seconds})
         finish = [f for e in engines if (f := getattr(e, "last_sync_finish_seconds", None)) is not None]
         if finish:
             out["time/sync/load_finish"] = sum(finish)
