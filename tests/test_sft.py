@@ -211,8 +211,9 @@ def _steps(out: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory, tiny_model, gsm8k_dir):
     out = tmp_path_factory.mktemp("sft") / "run"
+    # The decoder layers compiled (model.compile_layers): step 1's loss below is still plain HF's.
     proc, seconds = _launch("sft.sh", TINY_CONFIG, [f"model.path={tiny_model}", f"data.source={gsm8k_dir}",
-                                                    f"output.dir={out}"])
+                                                    f"output.dir={out}", "model.compile_layers=true"])
     print(f"sft.sh ({TINY_SFT.max_steps} steps, 2 ranks): {seconds:.1f} s")
     assert proc.returncode == 0, f"launch/sft.sh failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
     return out, proc.stdout + proc.stderr
@@ -260,6 +261,7 @@ def test_sft_run_skips_long_rows_and_lowers_the_loss(sft_run, tokenizer, tiny_mo
                    > TINY_SFT.max_seq_len for r in rows)
     assert (len(data), too_long) == (6, 4)
     assert "6 pairs from" in logs and "too_long=4" in logs and "2 steps per epoch, 6 steps" in logs
+    assert logs.count("model.compile_layers: this stage's") == 2  # both pipeline stages compiled theirs
 
     steps = _steps(out)
     assert [s["step"] for s in steps if "loss" in s] == [1, 2, 3, 4, 5, 6]
