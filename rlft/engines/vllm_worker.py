@@ -213,6 +213,12 @@ def _linear_sizes(layer: torch.nn.Module) -> tuple[int, int]:
             getattr(layer, "output_size_per_partition", None) or layer.output_size)
 
 
+def _weight_holds_all(layer: torch.nn.Module) -> bool:
+    """Whether a linear layer's ``weight`` holds all of its in x out elements (a kernel may repack
+    the weight elsewhere and leave the parameter empty: oneDNN on CPU)."""
+    return layer.weight.numel() == math.prod(_linear_sizes(layer))
+
+
 def weights_load_in_place(model: torch.nn.Module, device: torch.device, quantization: str | None) -> bool:
     """Whether ``model.load_weights`` may write an update straight into the parameters: an
     unquantised model on a GPU, every linear layer's ``weight`` holding its in x out elements.
@@ -221,8 +227,8 @@ def weights_load_in_place(model: torch.nn.Module, device: torch.device, quantiza
     oneDNN after loading, and quantised layers convert theirs."""
     if device.type != "cuda" or quantization is not None:
         return False
-    return all(module.weight.numel() == math.prod(_linear_sizes(module))
-               for module in model.modules() if _is_linear(module) and isinstance(getattr(module, "weight", None), torch.Tensor))
+    return all(_weight_holds_all(module) for module in model.modules()
+               if _is_linear(module) and isinstance(getattr(module, "weight", None), torch.Tensor))
 
 
 def layers_without_own_weights(model: torch.nn.Module) -> set[str]:
@@ -410,7 +416,7 @@ class WeightSyncExtension:
                     if id(param) in seen:
                         continue
                     seen.add(id(param))
-                    if linear and pname == "weight" and param.numel() != math.prod(_linear_sizes(module)):
+                    if linear and pname == "weight" and not _weight_holds_all(module):
                         yield from _effective_linear_weight_chunks(module, device)
                     else:
                         yield param
