@@ -14,7 +14,9 @@
 #      w_big_1gpu_eager)
 #   4. SFT of the 1.5B shape, 256 GSM8K pairs a step in micro-batches of up to 16,384 tokens
 #      (summary key sft_1p5b)
-#   5. the same SFT with the decoder layers compiled (summary key sft_1p5b_compiled)
+#   5. the same SFT with the decoder layers compiled (summary key sft_1p5b_compiled), and one step
+#      more under torch's profiler (left out of the medians): OUT/sft_compiled/sft/profile/ shows
+#      which operators and kernels took the step's time
 #
 # Environment: PYTHON (default python3), STEPS (default 5: medians over steps 2..5), MODEL and WORKLOAD
 # (default random-1.5b and w-big; tiny and tiny for a CPU smoke run, with SFT_BATCH=16), SETS (default
@@ -39,8 +41,9 @@ for set in ${SETS:-wbig awake eager sft sft_compiled}; do
              EXTRA_ARGS="--summary-key w_big_1gpu_eager model.compile_layers=false" \
              bash benchmarks/bench_grpo.sh "$out/grpo_eager" || rc=$? ;;
     sft) STEPS="${STEPS:-5}" BATCH="${SFT_BATCH:-256}" MICRO_TOKENS=16384 bash benchmarks/bench_sft.sh "$data" "$out/sft" || rc=$? ;;
-    sft_compiled) STEPS="${STEPS:-5}" BATCH="${SFT_BATCH:-256}" MICRO_TOKENS=16384 SUMMARY_KEY=sft_1p5b_compiled \
-                  EXTRA_ARGS="model.compile_layers=true" bash benchmarks/bench_sft.sh "$data" "$out/sft_compiled" || rc=$? ;;
+    sft_compiled) steps="${STEPS:-5}"
+                  STEPS=$(( steps + 1 )) BATCH="${SFT_BATCH:-256}" MICRO_TOKENS=16384 SUMMARY_KEY=sft_1p5b_compiled \
+                  EXTRA_ARGS="model.compile_layers=true schedule.profile_steps=[$(( steps + 1 ))]" bash benchmarks/bench_sft.sh "$data" "$out/sft_compiled" || rc=$? ;;
     *) echo "bench_1gpu.sh: unknown set $set (wbig, awake, eager, sft, sft_compiled)" >&2; exit 2 ;;
   esac
   echo "[bench_1gpu] $set took $(( $(date +%s) - t0 )) s (exit status so far $rc)" | tee -a "$out/sets.log"
