@@ -336,6 +336,37 @@ def test_sleep_and_wake_are_noops_on_cpu(engine, tokenizer, chain_state):
     assert c.text == "42</answer>"
 
 
+@pytest.mark.parametrize("free_gib,after_gib,wake_gib,emptied,collected", [
+    (20, None, 10, 0, False),  # room for the engine and 2 GiB: the trainer keeps its cached blocks
+    (11, 12, 10, 1, False),    # short of the margin: the cache is emptied, and that is enough
+    (5, 5, 10, 2, True),       # still short: a garbage collection, and the cache emptied again
+    (50, 50, None, 2, True),   # what waking needs is unknown: as short
+])
+def test_waking_empties_the_trainers_cache_only_when_the_gpu_is_short(monkeypatch, free_gib, after_gib, wake_gib,
+                                                                      emptied, collected):
+    """A sleeping engine on the policy's GPU (sleep mode runs only on GPUs, so the GPU's free memory
+    is given here): the trainer's cached blocks are given back only where waking needs them."""
+    import gc
+
+    import rlft.engines.vllm_engine as ve
+
+    gib = 1 << 30
+    free = [free_gib * gib] + ([after_gib * gib] if after_gib is not None else [])
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ve, "_free_gpu_bytes", lambda: free.pop(0) if len(free) > 1 else free[0])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(gc, "collect", lambda: calls.append("gc"))
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine._asleep, engine._wake_bytes = True, None if wake_gib is None else wake_gib * gib
+    engine.llm = SimpleNamespace(wake_up=lambda: calls.append("wake_up"))
+    engine.wake()
+    assert calls.count("empty_cache") == emptied and ("gc" in calls) == collected
+    assert calls[-1] == "wake_up" and not engine._asleep
+    engine.wake()  # awake already: nothing more
+    assert calls.count("wake_up") == 1
+
+
 @requires_vllm
 def test_auto_backend_checks_cpu_model_support(model_dir, tokenizer, tmp_path):
     from rlft.engines import _vllm_usable
