@@ -12,9 +12,10 @@
 #      the engine (summary key w_big_1gpu_awake)
 #   3. the W-big rlft run with the decoder layers eager (model.compile_layers=false; summary key
 #      w_big_1gpu_eager)
-#   4. SFT of the 1.5B shape, 256 GSM8K pairs a step in micro-batches of up to 16,384 tokens
-#      (summary key sft_1p5b)
-#   5. the same SFT with the decoder layers compiled (summary key sft_1p5b_compiled), and one step
+#   4. SFT of the 1.5B shape, 256 GSM8K pairs a step in micro-batches of up to 16,384 tokens, the
+#      decoder layers eager (summary key sft_1p5b)
+#   5. the same SFT with the decoder layers compiled, as sft_1gpu.yaml ships (summary key
+#      sft_1p5b_compiled), and one step
 #      more under torch's profiler (left out of the medians): OUT/sft_compiled/sft/profile/ shows
 #      which operators and kernels took the step's time
 #
@@ -40,7 +41,8 @@ for set in ${SETS:-wbig awake eager sft sft_compiled}; do
     eager) STEPS="${STEPS:-5}" WORKLOADS="${WORKLOAD:-w-big}" BASELINE=none RAW_ENGINE=0 \
              EXTRA_ARGS="--summary-key w_big_1gpu_eager model.compile_layers=false" \
              bash benchmarks/bench_grpo.sh "$out/grpo_eager" || rc=$? ;;
-    sft) STEPS="${STEPS:-5}" BATCH="${SFT_BATCH:-256}" MICRO_TOKENS=16384 bash benchmarks/bench_sft.sh "$data" "$out/sft" || rc=$? ;;
+    sft) STEPS="${STEPS:-5}" BATCH="${SFT_BATCH:-256}" MICRO_TOKENS=16384 EXTRA_ARGS="model.compile_layers=false" \
+         bash benchmarks/bench_sft.sh "$data" "$out/sft" || rc=$? ;;
     sft_compiled) steps="${STEPS:-5}"
                   STEPS=$(( steps + 1 )) BATCH="${SFT_BATCH:-256}" MICRO_TOKENS=16384 SUMMARY_KEY=sft_1p5b_compiled \
                   EXTRA_ARGS="model.compile_layers=true schedule.profile_steps=[$(( steps + 1 ))]" bash benchmarks/bench_sft.sh "$data" "$out/sft_compiled" || rc=$? ;;

@@ -1,12 +1,14 @@
 """The last stage's log-probs: plain log_softmax over the whole [N, V] against the chunked version
-(rlft.pipeline.token_logprobs), forward + backward, same shapes, same run.
+(rlft.pipeline.token_logprobs) and its fused chunks (each chunk's element-wise work compiled, as
+`model.compile_layers` runs it), forward + backward, same shapes, same run.
 
     python benchmarks/bench_logprobs.py [--tokens 1024] [--hidden 1536] [--vocab 151936] [--dtype float32]
-                                        [--repeats 3] [--json OUT.json]
+                                        [--repeats 3] [--modes plain,chunked,fused] [--json OUT.json]
 
 Each variant runs in its own process (peak memory is a per-process figure): on a GPU the peak of
 torch's allocator beyond the inputs, on CPU the growth of the process's max RSS.  Prints a table
-and the ratios chunked / plain; writes JSON with the command, shapes, machine and figures.
+and the ratios chunked / plain and fused / chunked (the compile happens in the warm-up step, not
+timed); writes JSON with the command, shapes, machine and figures.
 """
 from __future__ import annotations
 
@@ -35,7 +37,9 @@ def measure(mode: str, tokens: int, hidden: int, vocab: int, dtype: str, repeats
         if mode == "plain":
             logp, = plain_next_token_logprobs(h, w, ids, compute_entropy=False)
         else:
-            logp, = next_token_logprobs(h, w, ids, compute_entropy=False, chunk_tokens=default_chunk_tokens(vocab))
+            fused = mode == "fused"
+            logp, = next_token_logprobs(h, w, ids, compute_entropy=False, fused=fused,
+                                        chunk_tokens=default_chunk_tokens(vocab, fused, w.element_size()))
         logp.sum().backward()
         h.grad = w.grad = None
 
@@ -69,6 +73,7 @@ def main() -> int:
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--modes", default="plain,chunked,fused", help="comma-separated: plain, chunked, fused")
     p.add_argument("--json")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -76,20 +81,25 @@ def main() -> int:
         print(json.dumps(measure(a.child, a.tokens, a.hidden, a.vocab, a.dtype, a.repeats)))
         return 0
     results = {}
-    for mode in ("plain", "chunked"):
+    for mode in a.modes.split(","):
         cmd = [sys.executable, __file__, "--child", mode, "--tokens", str(a.tokens), "--hidden", str(a.hidden),
                "--vocab", str(a.vocab), "--dtype", a.dtype, "--repeats", str(a.repeats)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
         results[mode] = json.loads(out)
-    mem = "peak_extra_gib" if results["plain"]["device"] == "cuda" else "max_rss_growth_gib"
-    print(f"{a.tokens} tokens x vocab {a.vocab} x hidden {a.hidden}, {a.dtype}, {results['plain']['device']}, "
+    device = next(iter(results.values()))["device"]
+    mem = "peak_extra_gib" if device == "cuda" else "max_rss_growth_gib"
+    print(f"{a.tokens} tokens x vocab {a.vocab} x hidden {a.hidden}, {a.dtype}, {device}, "
           f"forward + backward, median of {a.repeats}")
     for mode, r in results.items():
         print(f"  {mode:8s} {r['seconds']:8.3f} s   memory {r[mem]:7.3f} GiB ({mem})")
-    ratios = {"seconds": results["chunked"]["seconds"] / results["plain"]["seconds"],
-              "memory": (results["chunked"][mem] / results["plain"][mem]) if results["plain"][mem] else None}
-    memory_ratio = "-" if ratios["memory"] is None else f"{ratios['memory']:.2f}"
-    print(f"  chunked / plain: time {ratios['seconds']:.2f}, memory {memory_ratio}")
+    ratios = {}
+    for new, base in (("chunked", "plain"), ("fused", "chunked")):
+        if new in results and base in results:
+            x, y = results[new], results[base]
+            ratios[f"{new}/{base}"] = {"seconds": x["seconds"] / y["seconds"],
+                                       "memory": (x[mem] / y[mem]) if y[mem] else None}
+            memory_ratio = "-" if ratios[f"{new}/{base}"]["memory"] is None else f"{ratios[f'{new}/{base}']['memory']:.2f}"
+            print(f"  {new} / {base}: time {ratios[f'{new}/{base}']['seconds']:.2f}, memory {memory_ratio}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"command": sys.argv, "shape": vars(a), "machine": platform.platform(),

@@ -52,7 +52,8 @@ class ModelConfig:
     attn_implementation: str = "sdpa"  # sdpa | eager
     activation_checkpointing: bool = False
     # torch.compile each decoder layer of the policy (the layers share one compiled graph); fuses the
-    # norms, rotary embedding and activation into few kernels, at the cost of a compile in the first step
+    # norms, rotary embedding and activation into few kernels, at the cost of a compile in the first step.
+    # The output layer's chunked log-probs run fused as well (rlft/pipeline/token_logprobs.py)
     compile_layers: bool = False
     padding_side: str = "right"  # how rollout batches are padded for the policy: right | left
     lora: LoRAConfig = field(default_factory=LoRAConfig)

@@ -269,6 +269,40 @@ def test_compiled_layers_share_one_graph_and_match_hf():
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("family,config", [("llama-tied", tiny_llama(num_hidden_layers=1)),
+                                           ("qwen2-untied", tiny_qwen2(num_hidden_layers=1))])
+def test_compiling_fuses_the_output_layer_and_it_matches_hf(family, config, monkeypatch):
+    """`compile_decoder_layers` also sets the output layer (an untied head, or the tied embedding)
+    to fused chunks; with chunks forced (no plain way), log-probs and every gradient, the tied
+    embedding's from both of its uses included, equal HF's."""
+    import rlft.pipeline.token_logprobs as tl
+    from rlft.pipeline import compile_decoder_layers
+    from rlft.pipeline.stages import EmbeddingPipe, LMHeadPipe
+
+    monkeypatch.setattr(tl, "PLAIN_MAX_ELEMENTS", 0)
+    monkeypatch.setattr(tl, "FUSED_CHUNK_BYTES", 5 * 4 * config.vocab_size)  # chunks of 5 fp32 tokens
+    config._attn_implementation = "sdpa"
+    model = random_hf_model(config, seed=8)
+    batch = padded_batch(9, rows=3, T=8, left=(2, 0, 1), right=(0, 3, 0))
+    run, params = chained_layers(config, model.state_dict())
+    heads = [m for m in run.modules if isinstance(m, (LMHeadPipe, EmbeddingPipe))]
+    assert compile_decoder_layers(torch.nn.ModuleList(heads)) == 0
+    assert all(m.fused_logprobs for m in heads)
+    used = []
+    real = tl._compiled
+    monkeypatch.setattr(tl, "_compiled", lambda fn: used.append(fn.__name__) or real(fn))
+    logp, _ = run((batch["input_ids"], batch["attention_mask"]))
+    (logp * scored(batch)).sum().backward()
+    assert used == ["_chunk_stats", "_chunk_grad_logits"]
+    ref_logp, _ = hf_logprobs(model, batch)
+    (ref_logp * scored(batch)).sum().backward()
+    assert (logp - ref_logp.detach())[scored(batch)].abs().max() <= TOL, family
+    hf_params = dict(model.named_parameters())
+    for name, p in params.items():
+        want = hf_params[name].grad
+        assert (p.grad - want).abs().max() <= TOL * max(1.0, float(want.abs().max())), name
+
+
 def test_refuses_unsupported_families_and_attention():
     with pytest.raises(ValueError, match="'gemma' is not supported"):
         policy_layer_specs(GemmaConfig(**TINY, num_hidden_layers=2, head_dim=16))

@@ -80,3 +80,54 @@ def test_small_batches_take_the_plain_way_and_large_ones_chunk(monkeypatch):
     monkeypatch.setattr(tl, "PLAIN_MAX_ELEMENTS", 79)  # one fewer than 8 x 10
     next_token_logprobs(hidden, weight, ids, compute_entropy=False)
     assert calls == [tl.default_chunk_tokens(10)]
+
+
+@pytest.mark.parametrize("with_entropy", [True, False])
+def test_fused_chunks_equal_the_plain_computation(with_entropy):
+    """`fused=True` (compiled element-wise work per chunk): the plain way's values, entropies and
+    gradients, over ragged chunks (18 tokens in chunks of 5)."""
+    torch.manual_seed(3)
+    hidden = torch.randn(3, 7, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    ids = torch.randint(0, 50, (3, 7))
+    upstream = torch.randn(3, 6)
+    want_logp, want_entropy = plain(hidden, weight, ids)
+    (want_logp * upstream).sum().backward()
+    want_grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+
+    out = next_token_logprobs(hidden, weight, ids, compute_entropy=with_entropy, chunk_tokens=5, fused=True)
+    (out[0] * upstream).sum().backward()
+    torch.testing.assert_close(out[0], want_logp, atol=2e-6, rtol=1e-6)
+    if with_entropy:
+        torch.testing.assert_close(out[1], want_entropy, atol=1e-5, rtol=1e-5)
+        assert not out[1].requires_grad
+    else:
+        assert len(out) == 1
+    torch.testing.assert_close(hidden.grad, want_grads[0], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(weight.grad, want_grads[1], atol=2e-6, rtol=1e-5)
+
+
+def test_fused_bfloat16_equals_the_eager_chunks():
+    """In bf16 the fused chunks take the same bf16 logits and reduce them in fp32 as the eager ones:
+    equal log-probs; gradients within a bf16 rounding of each other (``(1 - p) g`` against
+    ``-p g + g``)."""
+    torch.manual_seed(4)
+    hidden = torch.randn(2, 9, 32, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)
+    ids = torch.randint(0, 64, (2, 9))
+    grads = []
+    for fused in (False, True):
+        logp, = next_token_logprobs(hidden, weight, ids, compute_entropy=False, chunk_tokens=4, fused=fused)
+        logp.sum().backward()
+        grads.append((logp.detach(), hidden.grad.float(), weight.grad.float()))
+        hidden.grad = weight.grad = None
+    (eager_logp, eager_h, eager_w), (fused_logp, fused_h, fused_w) = grads
+    torch.testing.assert_close(fused_logp, eager_logp, atol=1e-6, rtol=1e-6)
+    assert (fused_h - eager_h).abs().max() <= 0.01 * eager_h.abs().max()
+    assert (fused_w - eager_w).abs().max() <= 0.01 * eager_w.abs().max()
+
+
+def test_fused_chunks_hold_512_mib_of_logits_in_the_model_dtype():
+    assert default_chunk_tokens(151936, fused=True, itemsize=2) == 1766  # bf16: four times 441 (eager)
+    assert default_chunk_tokens(151936, fused=True, itemsize=4) == 883

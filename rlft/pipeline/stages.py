@@ -148,6 +148,7 @@ class EmbeddingPipe(nn.Module):
         super().__init__()
         # padding_idx as in the HF model: its row gets no gradient there either.
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.fused_logprobs = False  # as the tied output layer; set by compile_decoder_layers
 
     @staticmethod
     def hf_name(local_name: str) -> str:
@@ -257,10 +258,15 @@ class DecoderLayerPipe(nn.Module):
 def compile_decoder_layers(module: nn.Module) -> int:
     """``torch.compile`` every decoder layer of ``module`` in place (its parameter names stay as they
     are); returns how many.  The layers run the same code, so torch compiles one graph for all of
-    them (per shape class: sizes are dynamic from the start, a masked and an unmasked batch differ)."""
+    them (per shape class: sizes are dynamic from the start, a masked and an unmasked batch differ).
+    The output layer, where ``module`` has it, computes its log-probs with fused chunks
+    (``next_token_logprobs(..., fused=True)``)."""
     layers = [m.layer for m in module.modules() if isinstance(m, DecoderLayerPipe)]
     for layer in layers:
         layer.compile(dynamic=True)
+    for m in module.modules():
+        if isinstance(m, (LMHeadPipe, EmbeddingPipe)):  # a tied head is the embedding's module
+            m.fused_logprobs = True
     return len(layers)
 
 
@@ -287,6 +293,7 @@ class LMHeadPipe(nn.Module):
     def __init__(self, config, compute_entropy: bool = True):
         super().__init__()
         self.compute_entropy = compute_entropy
+        self.fused_logprobs = False  # set by compile_decoder_layers
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     @staticmethod
@@ -295,13 +302,15 @@ class LMHeadPipe(nn.Module):
 
     def forward(self, inputs):
         hidden, _, input_ids = inputs
-        return next_token_logprobs(hidden, self.lm_head.weight, input_ids, self.compute_entropy)
+        return next_token_logprobs(hidden, self.lm_head.weight, input_ids, self.compute_entropy,
+                                   fused=self.fused_logprobs)
 
 
 def _tied_head_forward(embedding: EmbeddingPipe, inputs, compute_entropy: bool = True):
     """Last stage, tied: the embedding matrix as output projection (``TiedLayerSpec.forward_fn``)."""
     hidden, _, input_ids = inputs
-    return next_token_logprobs(hidden, embedding.embed_tokens.weight, input_ids, compute_entropy)
+    return next_token_logprobs(hidden, embedding.embed_tokens.weight, input_ids, compute_entropy,
+                               fused=embedding.fused_logprobs)
 
 
 def policy_layer_specs(hf_config, compute_entropy: bool = True) -> list[LayerSpec]:

@@ -10,6 +10,14 @@ backward forms each chunk's logits again (one more ``[chunk, H] x [H, V]`` produ
 chunk of the vocabulary instead of the whole batch.  It costs one more product, so micro-batches
 small enough for the plain way (``PLAIN_MAX_ELEMENTS``) keep it; measured on CPU:
 benchmarks/results/cpu_2026-12-01_logprobs/.
+
+``fused=True`` (with `model.compile_layers`) runs each chunk's element-wise work as ``torch.compile``
+kernels: forward reads the chunk's logits once for log-sum-exp, log-prob and entropy, backward once
+to write ``d logp / d logits`` in the model's dtype, where the eager chunk casts to fp32, takes
+``exp``, multiplies, scatters and casts back in separate passes (on an H200 these passes and the
+chunks' weight-gradient sums were a quarter of an SFT step's GPU time).  With no fp32 copy of a
+chunk's logits to hold, its chunks are four times larger in bf16 (``FUSED_CHUNK_BYTES``), and four
+times fewer ``[V, H]`` weight-gradient sums follow.
 """
 from __future__ import annotations
 
@@ -18,20 +26,54 @@ import torch.nn.functional as F
 
 # Elements of one chunk's fp32 logits (256 MiB): 441 tokens of a 152k vocabulary.
 CHUNK_ELEMENTS = 1 << 26
+# A fused chunk holds its logits and their gradient in the model's dtype, 512 MiB each: 1766 tokens
+# of a 152k vocabulary in bf16, 883 in fp32.
+FUSED_CHUNK_BYTES = 1 << 29
 # Up to this many logits (4 GiB in fp32) the plain way runs: it is faster (one product fewer) and
 # its memory is still small next to the model's.  Beyond it, chunks.
 PLAIN_MAX_ELEMENTS = 1 << 30
 
 
-def default_chunk_tokens(vocab_size: int) -> int:
-    return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
+def default_chunk_tokens(vocab_size: int, fused: bool = False, itemsize: int = 2) -> int:
+    """Tokens per chunk: 256 MiB of fp32 logits, or fused, 512 MiB of logits of ``itemsize`` bytes."""
+    elements = FUSED_CHUNK_BYTES // itemsize if fused else CHUNK_ELEMENTS
+    return max(1, elements // max(1, vocab_size))
+
+
+def _chunk_stats(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
+    """One chunk's ``(logp, lse, entropy)`` from its ``[n, V]`` logits, reduced in fp32."""
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1)
+    logp = x.gather(-1, targets[:, None]).squeeze(-1) - lse
+    entropy = lse - (torch.exp(x - lse[:, None]) * x).sum(-1) if with_entropy else lse.new_empty(0)
+    return logp, lse, entropy
+
+
+def _chunk_grad_logits(logits: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, targets: torch.Tensor):
+    """``g * (onehot(target) - softmax)`` for one chunk, in the logits' dtype."""
+    p = torch.exp(logits.float() - lse[:, None])
+    hit = torch.arange(logits.shape[-1], device=logits.device)[None, :] == targets[:, None]
+    return ((hit.float() - p) * g[:, None]).to(logits.dtype)
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _compiled(fn):
+    """``fn`` compiled once per process (sizes dynamic: the last chunk is shorter)."""
+    if fn.__name__ not in _COMPILED:
+        _COMPILED[fn.__name__] = torch.compile(fn, dynamic=True)
+    return _COMPILED[fn.__name__]
 
 
 class _ChunkedTokenLogprobs(torch.autograd.Function):
     """``(hidden [N, H], weight [V, H], targets [N])`` -> ``(logp [N], entropy [N])``, fp32."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk: int, with_entropy: bool):
+    def forward(ctx, hidden, weight, targets, chunk: int, with_entropy: bool, fused: bool = False):
+        ctx.chunk, ctx.fused = chunk, fused
+        if fused:
+            return _fused_forward(ctx, hidden, weight, targets, chunk, with_entropy)
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -44,7 +86,6 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             if with_entropy:  # H = lse - sum(p * logits)
                 entropy[rows] = lse[rows] - (torch.softmax(logits, dim=-1) * logits).sum(-1)
         ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.chunk = chunk
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
@@ -55,13 +96,17 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
             if ctx.needs_input_grad[1] else None
+        grad_of = _compiled(_chunk_grad_logits) if ctx.fused else None
         for start in range(0, hidden.shape[0], chunk):
             rows = slice(start, min(start + chunk, hidden.shape[0]))
             g = grad_logp[rows].float()
-            probs = torch.exp((hidden[rows] @ weight.t()).float() - lse[rows, None])
-            grad_logits = probs.mul_(-g[:, None])  # d logp_t / d logits = onehot(t) - softmax
-            grad_logits.scatter_add_(-1, targets[rows, None], g[:, None])
-            grad_logits = grad_logits.to(hidden.dtype)
+            if grad_of is not None:
+                grad_logits = grad_of(hidden[rows] @ weight.t(), lse[rows], g, targets[rows])
+            else:
+                probs = torch.exp((hidden[rows] @ weight.t()).float() - lse[rows, None])
+                grad_logits = probs.mul_(-g[:, None])  # d logp_t / d logits = onehot(t) - softmax
+                grad_logits.scatter_add_(-1, targets[rows, None], g[:, None])
+                grad_logits = grad_logits.to(hidden.dtype)
             if grad_hidden is not None:
                 grad_hidden[rows] = grad_logits @ weight
             if grad_weight is not None:  # each chunk's product summed in fp32
@@ -69,7 +114,18 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                     grad_weight.addmm_(grad_logits.t(), hidden[rows])
                 else:  # the product in the model dtype (as the plain way rounds it), then summed
                     grad_weight.add_(grad_logits.t() @ hidden[rows])
-        return grad_hidden, (None if grad_weight is None else grad_weight.to(weight.dtype)), None, None, None
+        return grad_hidden, (None if grad_weight is None else grad_weight.to(weight.dtype)), None, None, None, None
+
+
+def _fused_forward(ctx, hidden, weight, targets, chunk: int, with_entropy: bool):
+    """The forward of :class:`_ChunkedTokenLogprobs` with each chunk's reductions compiled."""
+    stats = _compiled(_chunk_stats)
+    parts = [stats(hidden[start:start + chunk] @ weight.t(), targets[start:start + chunk], with_entropy)
+             for start in range(0, hidden.shape[0], chunk)]
+    logp, lse, entropy = (torch.cat(p) for p in zip(*parts))
+    ctx.save_for_backward(hidden, weight, targets, lse)
+    ctx.mark_non_differentiable(entropy)
+    return logp, entropy
 
 
 def plain_next_token_logprobs(hidden, weight, input_ids, compute_entropy: bool) -> tuple[torch.Tensor, ...]:
@@ -88,7 +144,8 @@ def plain_next_token_logprobs(hidden, weight, input_ids, compute_entropy: bool) 
 
 
 def next_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor,
-                        compute_entropy: bool, chunk_tokens: int | None = None) -> tuple[torch.Tensor, ...]:
+                        compute_entropy: bool, chunk_tokens: int | None = None,
+                        fused: bool = False) -> tuple[torch.Tensor, ...]:
     """Log-probs of the observed next tokens, and optionally the entropy, from final hidden states.
 
     Args:
@@ -96,16 +153,18 @@ def next_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, input_ids: t
         weight: ``[V,H]`` output projection (lm_head or tied embedding).
         input_ids: ``[B,T]`` long.
         chunk_tokens: tokens per vocabulary chunk.  Default: the plain way up to
-            ``PLAIN_MAX_ELEMENTS`` logits, chunks of 256 MiB of fp32 logits beyond.
+            ``PLAIN_MAX_ELEMENTS`` logits, chunks of 256 MiB of fp32 logits beyond (fused: 512 MiB
+            of logits in the model's dtype).
+        fused: each chunk's element-wise work compiled (see the module's docstring).
     Returns:
         ``(logp,)`` or ``(logp, entropy)``, each ``[B,T-1]`` fp32; entropy is detached.
     """
     b, t, h = hidden.shape
     if chunk_tokens is None and b * (t - 1) * weight.shape[0] <= PLAIN_MAX_ELEMENTS:
         return plain_next_token_logprobs(hidden, weight, input_ids, compute_entropy)
-    chunk = chunk_tokens or default_chunk_tokens(weight.shape[0])
+    chunk = chunk_tokens or default_chunk_tokens(weight.shape[0], fused, weight.element_size())
     flat = hidden[:, :-1].reshape(b * (t - 1), h)
     targets = input_ids[:, 1:].reshape(-1)
-    logp, entropy = _ChunkedTokenLogprobs.apply(flat, weight, targets, chunk, compute_entropy)
+    logp, entropy = _ChunkedTokenLogprobs.apply(flat, weight, targets, chunk, compute_entropy, fused)
     logp = logp.view(b, t - 1)
     return (logp, entropy.view(b, t - 1)) if compute_entropy else (logp,)

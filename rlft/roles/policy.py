@@ -105,8 +105,9 @@ class PolicyTrainer:
                 load_adapter_weights(module, adapter_path)
         if cfg.model.compile_layers:
             count = compile_decoder_layers(module)
-            log.info("model.compile_layers: this stage's %d decoder layers are compiled at their first use, so the "
-                     "first step takes longer (about 20 s for a 1.5B model on an H200)", count)
+            log.info("model.compile_layers: this stage's %d decoder layers (and its output layer's chunked "
+                     "log-probs, if it has the output layer) are compiled at their first use, so the first step "
+                     "takes longer (about 20 s for a 1.5B model on an H200)", count)
         params = [p for p in module.parameters() if p.requires_grad]
         o = cfg.optim
         optimizer = GuardedAdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
