@@ -68,7 +68,10 @@ class RankContext:
 
     @contextmanager
     def timed(self, phase: str):
-        """Time `phase` (added up over the step) and, on a GPU, its peak of allocated memory."""
+        """Time `phase` (added up over the step) and, on a GPU, its peak of allocated memory.  On a
+        GPU the phase ends when the work it queued there has run: its time holds its own kernels,
+        not the tail of the phase before (an optimizer step still running would otherwise be
+        counted in the weight sync that follows it)."""
         cuda = self.device.type == "cuda"
         if cuda:
             before = torch.cuda.max_memory_allocated(self.device)
@@ -78,6 +81,8 @@ class RankContext:
             with torch.profiler.record_function(f"phase:{phase}"):  # a range in a profiled step's record
                 yield
         finally:
+            if cuda:
+                torch.cuda.synchronize(self.device)
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
             if cuda:
                 peak = torch.cuda.max_memory_allocated(self.device)
