@@ -12,8 +12,11 @@ def plain(hidden, weight, ids):
     return logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
 
 
-@pytest.mark.parametrize("chunk", [1, 5, 18, 100])  # 3 x 6 = 18 tokens: one chunk, several, ragged
-def test_values_entropy_and_gradients_equal_the_plain_computation(chunk):
+# 3 x 6 = 18 tokens: one chunk, several, ragged; eager chunks, and fused ones (compiled element-wise work)
+@pytest.mark.parametrize("chunk,fused,with_entropy", [(1, False, True), (5, False, True), (18, False, True),
+                                                      (100, False, True), (5, True, True), (5, True, False),
+                                                      (1, True, True)])
+def test_values_entropy_and_gradients_equal_the_plain_computation(chunk, fused, with_entropy):
     torch.manual_seed(0)
     hidden = torch.randn(3, 7, 16, requires_grad=True)
     weight = torch.randn(50, 16, requires_grad=True)
@@ -24,12 +27,15 @@ def test_values_entropy_and_gradients_equal_the_plain_computation(chunk):
     want_grads = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
 
-    logp, entropy = next_token_logprobs(hidden, weight, ids, compute_entropy=True, chunk_tokens=chunk)
-    (logp * upstream).sum().backward()
-    assert logp.shape == entropy.shape == (3, 6) and logp.dtype == torch.float32
+    out = next_token_logprobs(hidden, weight, ids, compute_entropy=with_entropy, chunk_tokens=chunk, fused=fused)
+    (out[0] * upstream).sum().backward()
+    assert len(out) == 1 + with_entropy
+    logp = out[0]
+    assert logp.shape == (3, 6) and logp.dtype == torch.float32
     torch.testing.assert_close(logp, want_logp, atol=2e-6, rtol=1e-6)
-    torch.testing.assert_close(entropy, want_entropy, atol=1e-5, rtol=1e-5)  # two fp32 roundings of H
-    assert not entropy.requires_grad
+    if with_entropy:
+        assert out[1].shape == (3, 6) and not out[1].requires_grad
+        torch.testing.assert_close(out[1], want_entropy, atol=1e-5, rtol=1e-5)  # two fp32 roundings of H
     torch.testing.assert_close(hidden.grad, want_grads[0], atol=2e-6, rtol=1e-5)
     torch.testing.assert_close(weight.grad, want_grads[1], atol=2e-6, rtol=1e-5)
 
@@ -80,32 +86,6 @@ def test_small_batches_take_the_plain_way_and_large_ones_chunk(monkeypatch):
     monkeypatch.setattr(tl, "PLAIN_MAX_ELEMENTS", 79)  # one fewer than 8 x 10
     next_token_logprobs(hidden, weight, ids, compute_entropy=False)
     assert calls == [tl.default_chunk_tokens(10)]
-
-
-@pytest.mark.parametrize("with_entropy", [True, False])
-def test_fused_chunks_equal_the_plain_computation(with_entropy):
-    """`fused=True` (compiled element-wise work per chunk): the plain way's values, entropies and
-    gradients, over ragged chunks (18 tokens in chunks of 5)."""
-    torch.manual_seed(3)
-    hidden = torch.randn(3, 7, 16, requires_grad=True)
-    weight = torch.randn(50, 16, requires_grad=True)
-    ids = torch.randint(0, 50, (3, 7))
-    upstream = torch.randn(3, 6)
-    want_logp, want_entropy = plain(hidden, weight, ids)
-    (want_logp * upstream).sum().backward()
-    want_grads = hidden.grad.clone(), weight.grad.clone()
-    hidden.grad = weight.grad = None
-
-    out = next_token_logprobs(hidden, weight, ids, compute_entropy=with_entropy, chunk_tokens=5, fused=True)
-    (out[0] * upstream).sum().backward()
-    torch.testing.assert_close(out[0], want_logp, atol=2e-6, rtol=1e-6)
-    if with_entropy:
-        torch.testing.assert_close(out[1], want_entropy, atol=1e-5, rtol=1e-5)
-        assert not out[1].requires_grad
-    else:
-        assert len(out) == 1
-    torch.testing.assert_close(hidden.grad, want_grads[0], atol=2e-6, rtol=1e-5)
-    torch.testing.assert_close(weight.grad, want_grads[1], atol=2e-6, rtol=1e-5)
 
 
 def test_fused_bfloat16_equals_the_eager_chunks():
