@@ -15,9 +15,8 @@
 #   4. SFT of the 1.5B shape, 256 GSM8K pairs a step in micro-batches of up to 16,384 tokens, the
 #      decoder layers eager (summary key sft_1p5b)
 #   5. the same SFT with the decoder layers compiled, as sft_1gpu.yaml ships (summary key
-#      sft_1p5b_compiled), and one step
-#      more under torch's profiler (left out of the medians): OUT/sft_compiled/sft/profile/ shows
-#      which operators and kernels took the step's time
+#      sft_1p5b_compiled), and one step more under torch's profiler (left out of the medians):
+#      OUT/sft_compiled/sft/profile/ shows which operators and kernels took the step's time
 #
 # Environment: PYTHON (default python3), STEPS (default 5: medians over steps 2..5), MODEL and WORKLOAD
 # (default random-1.5b and w-big; tiny and tiny for a CPU smoke run, with SFT_BATCH=16), SETS (default

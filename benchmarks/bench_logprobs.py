@@ -96,10 +96,10 @@ def main() -> int:
     for new, base in (("chunked", "plain"), ("fused", "chunked")):
         if new in results and base in results:
             x, y = results[new], results[base]
-            ratios[f"{new}/{base}"] = {"seconds": x["seconds"] / y["seconds"],
-                                       "memory": (x[mem] / y[mem]) if y[mem] else None}
-            memory_ratio = "-" if ratios[f"{new}/{base}"]["memory"] is None else f"{ratios[f'{new}/{base}']['memory']:.2f}"
-            print(f"  {new} / {base}: time {ratios[f'{new}/{base}']['seconds']:.2f}, memory {memory_ratio}")
+            r = ratios[f"{new}/{base}"] = {"seconds": x["seconds"] / y["seconds"],
+                                           "memory": (x[mem] / y[mem]) if y[mem] else None}
+            memory_ratio = "-" if r["memory"] is None else f"{r['memory']:.2f}"
+            print(f"  {new} / {base}: time {r['seconds']:.2f}, memory {memory_ratio}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"command": sys.argv, "shape": vars(a), "machine": platform.platform(),
