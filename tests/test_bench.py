@@ -21,7 +21,8 @@ def step(n: int, *, sample: float, train: float, sync: float, step_s: float, res
     rec = {"step": n, "time/sample": sample, "time/grade": 0.5, "time/train": train, "time/sync": sync,
            "time/step": step_s, "tokens/response": response, "tokens/total": total,
            "memory/peak_gb": max(mem), "time/sync/wake": sync / 4, "time/sync/load": sync / 2,
-           "time/sync/load_finish": sync / 8, "time/sync/checksum": sync / 4, "time/sync/checksum_engine": sync / 8}
+           "time/sync/load_finish": sync / 8, "time/sync/checksum": sync / 4, "time/sync/checksum_engine": sync / 8,
+           "time/sync/checksum_policy": sync / 16}
     rec.update({f"memory/peak_gb/rank{r}": gb for r, gb in enumerate(mem)})
     if eval_s is not None:
         rec["time/eval"] = eval_s
@@ -64,7 +65,7 @@ def test_summary_takes_medians_over_the_steps_after_the_first(steps_file):
     # the sampler's share of the sync, each part's median: wake 0.5/4 (of 0.5, 0.25, 1.0), load 0.5/2
     # (and of those, the engine's processing after the last bucket, and its checksum: 0.5/8 each)
     assert s["sync_parts_s"] == {"wake": 0.125, "load": 0.25, "load_finish": 0.0625, "checksum": 0.125,
-                                 "checksum_engine": 0.0625}
+                                 "checksum_engine": 0.0625, "checksum_policy": 0.03125}
     # memory: each rank's peak over all steps; a role's is its rank's
     mem = s["memory_peak_gb"]
     assert mem["max"] == 6.5
@@ -254,6 +255,8 @@ def test_cpu_run_writes_the_result_json(tmp_path, gsm8k_dir):
     assert sum(parts[p] for p in whole) <= s["sync_s"]
     # the HF engine has no post-load processing; its checksum is part of the checksums
     assert parts["load_finish"] is None and 0 <= parts["checksum_engine"] <= parts["checksum"]
+    # one rank: the policy's own sum runs in the checksums' time, beside the engine's
+    assert 0 < parts["checksum_policy"] <= parts["checksum"]
     assert "sync load s" in proc.stdout
 
     # The same records summarised again, without launching.

@@ -213,6 +213,9 @@ def test_vllm_backend_runs_the_same_topology(tiny_run, tmp_path):
         # the sync's parts on the sampler's rank, each within the part it belongs to
         assert 0 < s["time/sync/load_finish"] < s["time/sync/load"]
         assert 0 < s["time/sync/checksum_engine"] <= s["time/sync/checksum"]
+        # the policy's own sum, on its rank, within that rank's sync (the merged phase is the longest rank's)
+        assert 0 < s["time/sync/checksum_policy"] <= s["time/sync"]
+        assert not any(k.startswith("time/sync/checksum_policy/") for k in s)
     assert (out / "model" / "config.json").is_file()
 
 

@@ -80,7 +80,7 @@ def _median(values: Iterable[float]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-SYNC_PARTS = ("wake", "load", "load_finish", "checksum", "checksum_engine")
+SYNC_PARTS = ("wake", "load", "load_finish", "checksum", "checksum_engine", "checksum_policy")
 
 
 def measured_steps(steps: list[dict]) -> tuple[list[dict], bool]:
@@ -169,7 +169,8 @@ def summarise_steps(steps: list[dict], *, params: int, num_layers: int, hidden_s
         "train_mfu_with_attention": mfu(True),
         "sync_gb_per_s": sync_gbps,
         # the sampler's rank's share of the sync: waking its engines, taking the weights in (of which
-        # the engines' processing after the last bucket), checksums (of which the engine's)
+        # the engines' processing after the last bucket), checksums (of which the engine's, and the
+        # slowest policy stage's own, beside it)
         "sync_parts_s": {part: _median(s.get(f"time/sync/{part}") for s in measured)
                          for part in SYNC_PARTS},
         "memory_peak_gb": {"max": max(overall) if overall else None, "by_rank": by_rank, "by_role": by_role},

@@ -140,6 +140,9 @@ def merge_metrics(gathered: list[dict]) -> tuple[dict, list[dict] | None]:
             merged[f"sync/policy_{kind}"] = sum(parts)
             for k in [k for k in merged if k.startswith(f"sync/policy_{kind}/")]:
                 del merged[k]
+    stage_sums = [k for k in merged if k.startswith("time/sync/checksum_policy/")]
+    if stage_sums:  # the slowest stage's own checksum
+        merged["time/sync/checksum_policy"] = max(merged.pop(k) for k in stage_sums)
     merged.update({f"time/{k}": v for k, v in seconds.items()})
     merged["memory/peak_gb"] = peak
     if "tokens/total" in merged and seconds.get("step"):

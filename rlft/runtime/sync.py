@@ -96,9 +96,12 @@ def sync_weights(ctx: RankContext) -> dict:
         # its share of the policy, when it holds one.
         engine_check = _CHECKSUMS.submit(_timed_checksum, engines[0])
     if roles.policy and roles.replica == 0:
+        started = time.perf_counter()
         sums = named_weights_checksum(ctx.policy.export_state().items())
         out.update({f"sync/policy_sum/stage{roles.stage}": sums["sum"],
-                    f"sync/policy_abs_sum/stage{roles.stage}": sums["abs_sum"]})
+                    f"sync/policy_abs_sum/stage{roles.stage}": sums["abs_sum"],
+                    # the stage's own sum (seconds), against the engine's: which side the checksums wait on
+                    f"time/sync/checksum_policy/stage{roles.stage}": time.perf_counter() - started})
     if engine_check is not None:
         sums, engine_seconds = engine_check.result()
         done = time.perf_counter()
