@@ -41,7 +41,8 @@ def default_chunk_tokens(vocab_size: int, fused: bool = False, itemsize: int = 2
 
 
 def _chunk_stats(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
-    """One chunk's ``(logp, lse, entropy)`` from its ``[n, V]`` logits, reduced in fp32."""
+    """One chunk's ``(logp, lse, entropy)`` from its ``[n, V]`` logits, reduced in fp32 (entropy:
+    ``H = lse - sum(p * logits)``)."""
     x = logits.float()
     lse = torch.logsumexp(x, dim=-1)
     logp = x.gather(-1, targets[:, None]).squeeze(-1) - lse
@@ -72,19 +73,17 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk: int, with_entropy: bool, fused: bool = False):
         ctx.chunk, ctx.fused = chunk, fused
-        if fused:
-            return _fused_forward(ctx, hidden, weight, targets, chunk, with_entropy)
+        stats = _compiled(_chunk_stats) if fused else _chunk_stats
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
         for start in range(0, n, chunk):
             rows = slice(start, min(start + chunk, n))
-            logits = (hidden[rows] @ weight.t()).float()  # model dtype product, fp32 reduction
-            lse[rows] = torch.logsumexp(logits, dim=-1)
-            logp[rows] = logits.gather(-1, targets[rows, None]).squeeze(-1) - lse[rows]
-            if with_entropy:  # H = lse - sum(p * logits)
-                entropy[rows] = lse[rows] - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+            # the product in the model's dtype, its reductions in fp32
+            logp[rows], lse[rows], chunk_entropy = stats(hidden[rows] @ weight.t(), targets[rows], with_entropy)
+            if with_entropy:
+                entropy[rows] = chunk_entropy
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
@@ -115,17 +114,6 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                 else:  # the product in the model dtype (as the plain way rounds it), then summed
                     grad_weight.add_(grad_logits.t() @ hidden[rows])
         return grad_hidden, (None if grad_weight is None else grad_weight.to(weight.dtype)), None, None, None, None
-
-
-def _fused_forward(ctx, hidden, weight, targets, chunk: int, with_entropy: bool):
-    """The forward of :class:`_ChunkedTokenLogprobs` with each chunk's reductions compiled."""
-    stats = _compiled(_chunk_stats)
-    parts = [stats(hidden[start:start + chunk] @ weight.t(), targets[start:start + chunk], with_entropy)
-             for start in range(0, hidden.shape[0], chunk)]
-    logp, lse, entropy = (torch.cat(p) for p in zip(*parts))
-    ctx.save_for_backward(hidden, weight, targets, lse)
-    ctx.mark_non_differentiable(entropy)
-    return logp, entropy
 
 
 def plain_next_token_logprobs(hidden, weight, input_ids, compute_entropy: bool) -> tuple[torch.Tensor, ...]:
