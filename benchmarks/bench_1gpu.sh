@@ -17,10 +17,13 @@
 #   5. the same SFT with the decoder layers compiled, as sft_1gpu.yaml ships (summary key
 #      sft_1p5b_compiled), and one step more under torch's profiler (left out of the medians):
 #      OUT/sft_compiled/sft/profile/ shows which operators and kernels took the step's time
+#   6. the weight sync alone (benchmarks/bench_sync.py): the 1.5B shape's load into the engine for
+#      several bucket sizes, one RPC's round trip, the checksums against their float64-cast baseline,
+#      the engine's wake (OUT/sync/bench_sync.json)
 #
 # Environment: PYTHON (default python3), STEPS (default 5: medians over steps 2..5), MODEL and WORKLOAD
 # (default random-1.5b and w-big; tiny and tiny for a CPU smoke run, with SFT_BATCH=16), SETS (default
-# "wbig awake eager sft sft_compiled": which of the five to run).  OUT/summary.json is the summary after the set.
+# "wbig awake eager sft sft_compiled sync": which of the six to run).  OUT/summary.json is the summary after the set.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -30,7 +33,7 @@ PYTHON="${PYTHON:-python3}"
 export PYTHON
 mkdir -p "$out"
 rc=0
-for set in ${SETS:-wbig awake eager sft sft_compiled}; do
+for set in ${SETS:-wbig awake eager sft sft_compiled sync}; do
   t0=$(date +%s)
   case "$set" in
     wbig) STEPS="${STEPS:-5}" WORKLOADS="${WORKLOAD:-w-big}" bash benchmarks/bench_grpo.sh "$out/grpo" || rc=$? ;;
@@ -45,7 +48,9 @@ for set in ${SETS:-wbig awake eager sft sft_compiled}; do
     sft_compiled) steps="${STEPS:-5}"
                   STEPS=$(( steps + 1 )) BATCH="${SFT_BATCH:-256}" MICRO_TOKENS=16384 SUMMARY_KEY=sft_1p5b_compiled \
                   EXTRA_ARGS="model.compile_layers=true schedule.profile_steps=[$(( steps + 1 ))]" bash benchmarks/bench_sft.sh "$data" "$out/sft_compiled" || rc=$? ;;
-    *) echo "bench_1gpu.sh: unknown set $set (wbig, awake, eager, sft, sft_compiled)" >&2; exit 2 ;;
+    sync) "$PYTHON" benchmarks/bench_sync.py --model "${MODEL:-random-1.5b}" --buckets-mib 64,256,1024,4096 \
+            --out "$out/sync" 2>&1 | tee "$out/sync.log" | grep -v " INFO \| WARNING " || rc=$? ;;
+    *) echo "bench_1gpu.sh: unknown set $set (wbig, awake, eager, sft, sft_compiled, sync)" >&2; exit 2 ;;
   esac
   echo "[bench_1gpu] $set took $(( $(date +%s) - t0 )) s (exit status so far $rc)" | tee -a "$out/sets.log"
   cp benchmarks/results/summary.json "$out/summary.json" 2>/dev/null || true

@@ -373,6 +373,36 @@ def test_checksums_are_float64_sums_worked_by_hand():
     assert named_weights_checksum([("w", torch.tensor([1 + 2**-10]))], dtype=torch.bfloat16)["sum"] == 1.0
 
 
+def test_16bit_checksums_sum_float32_blocks_without_a_float64_copy():
+    """bf16 weights are summed in float32 blocks, then the block sums in float64: within 1e-9 of the
+    exact float64 sums, identical for a fused layout of the same tensors (vLLM's qkv_proj), within
+    1e-9 for a transposed one; and no float64 copy of a tensor is made (a
+    float64 sum of a bf16 tensor would first cast all of it: 8 bytes an element)."""
+    from rlft.engines import weights_checksum_of
+
+    torch.manual_seed(0)
+    q, k, v = ((torch.randn(rows, 1536) * 0.02).bfloat16() for rows in (1536, 256, 256))
+    norm = (1 + torch.randn(1536) * 0.1).bfloat16()
+    odd = torch.randn(7, 3).bfloat16()  # 21 elements: blocks of one
+    weights = [q, k, v, norm, odd]
+    exact = {"sum": sum(t.double().sum().item() for t in weights),
+             "abs_sum": sum(t.double().abs().sum().item() for t in weights)}
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        got = weights_checksum_of(weights)
+    # On a CPU torch sums bf16 into float32 through a float32 copy (4 bytes an element; a GPU reads
+    # bf16 as it is); the float64 cast made 8
+    largest = max(e.cpu_memory_usage for e in prof.events())
+    assert 0 < largest <= 4 * q.numel()
+    scale = exact["abs_sum"]
+    for key in got:
+        assert abs(got[key] - exact[key]) <= 1e-9 * scale, (key, got[key], exact[key])
+    assert weights_checksum_of([torch.cat([q, k, v]), norm, odd]) == got
+    transposed = weights_checksum_of([q.t().contiguous(), k, v, norm, odd])
+    assert all(abs(transposed[key] - got[key]) <= 1e-9 * scale for key in got)
+    assert weights_checksum_of([q, k, v, -norm, odd])["sum"] < got["sum"] - 1000
+
+
 def test_update_weights_changes_outputs_and_matches_source_checksum(tokenizer):
     source = random_model(tokenizer, seed=3)
     target = random_model(tokenizer, seed=4)

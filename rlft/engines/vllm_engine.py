@@ -341,6 +341,7 @@ class WeightSender:
         # Of which the worker's post-load processing of the update (vLLM's layer-wise reload).
         self.last_finish_seconds: float | None = None
         self.last_transport: str | None = None
+        self.last_buckets = 0  # how many buckets (one RPC each) the last update sent
         self._groups: dict[str, object] = {}
         self._store = None
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlft-weight-rpc")
@@ -356,11 +357,13 @@ class WeightSender:
             return
         transport = self.last_transport = self._choose_transport(first[0][1])
         sent: set[str] = set()
+        self.last_buckets = 0
         self.rpc("rlft_begin_update")
         try:
             for bucket in _chain_first(first, buckets):
                 self._send_bucket(bucket, transport)
                 sent.update(name for name, _ in bucket)
+                self.last_buckets += 1
         except BaseException:
             # Leave reload mode in any case; layers that got nothing keep their weights.
             kept = self.rpc("rlft_finish_update", True)
