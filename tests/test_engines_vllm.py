@@ -260,6 +260,7 @@ def test_streamed_partial_update_in_small_buckets(model_dir, tokenizer, chain_st
         engine.weight_sender.bucket_bytes = 64 << 10  # several buckets for the ~0.4 MB of layer 0
         capfd.readouterr()
         engine.update_weights(iter(layer0.items()))
+        assert engine.weight_sender.last_buckets > 1
         merged = {**chain_state, **layer0}
         assert checksums_match(engine.weights_checksum(), named_weights_checksum(merged.items()))
         # The layers an update leaves out by design (a pipeline stage's share, LoRA's adapted
@@ -282,6 +283,7 @@ def test_unknown_name_mid_stream_raises_and_engine_keeps_working(engine, tokeniz
         yield "model.layers.1.self_attn.k_proj.weight", other["model.layers.1.self_attn.k_proj.weight"]
         yield "model.layers.1.mlp.upp_proj.weight", torch.zeros(256, 128)
 
+    default_bucket = engine.weight_sender.bucket_bytes
     engine.weight_sender.bucket_bytes = 1024  # one tensor per bucket: q and k reach vLLM, v never does
     try:
         with pytest.raises(ValueError, match="unknown parameter name 'model.layers.1.mlp.upp_proj.weight'"):
@@ -290,7 +292,7 @@ def test_unknown_name_mid_stream_raises_and_engine_keeps_working(engine, tokeniz
         with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.qkv_proj"):
             engine.update_weights(list(stream())[:3])
     finally:
-        engine.weight_sender.bucket_bytes = 256 << 20
+        engine.weight_sender.bucket_bytes = default_bucket
     # The norm landed; the fused qkv_proj kept the chain weights.
     assert checksums_match(engine.weights_checksum(), named_weights_checksum({**chain_state, norm: other[norm]}.items()))
     engine.update_weights(chain_state.items())

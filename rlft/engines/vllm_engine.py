@@ -112,7 +112,8 @@ class VLLMEngine(RolloutEngine):
         kv_cache_memory_bytes: KV cache size on CPU (vLLM cannot size it from free memory there).
         weight_transport: ``"auto"`` (gloo for CPU tensors, CUDA IPC for tensors on the
             engine's GPU, NCCL for tensors on another GPU) or one of those explicitly.
-        bucket_bytes: tensors are packed and sent in buffers of about this size.
+        bucket_bytes: tensors are packed and sent in buffers of about this size (one RPC each: on an
+            H200, a 1.5B model's 2.9 GiB loaded in 54 ms in buckets of 256 MiB, 42 ms in 1 GiB).
         sync_timeout_s: timeout of the weight-sync group and its RPCs.
         use_tqdm: vLLM's progress bar during ``generate``.
         llm_kwargs: passed to ``vllm.LLM`` unchanged.
@@ -132,7 +133,7 @@ class VLLMEngine(RolloutEngine):
         enable_sleep_mode: bool = False,
         kv_cache_memory_bytes: int | None = None,
         weight_transport: str = "auto",
-        bucket_bytes: int = 256 << 20,
+        bucket_bytes: int = 1 << 30,
         sync_timeout_s: float = 600.0,
         use_tqdm: bool = False,
         **llm_kwargs,
@@ -329,7 +330,7 @@ class WeightSender:
     """
 
     def __init__(self, rpc, expected_shapes: dict[str, tuple[int, ...]], *, transport: str = "auto",
-                 bucket_bytes: int = 256 << 20, timeout_s: float = 600.0):
+                 bucket_bytes: int = 1 << 30, timeout_s: float = 600.0):
         if transport not in TRANSPORTS:
             raise ValueError(f"weight_transport must be one of {TRANSPORTS}, got {transport!r}")
         self.rpc = rpc
@@ -439,12 +440,12 @@ class WeightSender:
             reply.result()
 
     def _ipc_buffer(self, bucket: list[tuple[str, torch.Tensor]], device: torch.device) -> tuple[torch.Tensor, dict]:
-        """The shared buffer for CUDA IPC, at least ``bucket_bytes`` and this bucket's size; a
-        larger bucket (one tensor bigger than ``bucket_bytes``) replaces it."""
+        """The shared buffer for CUDA IPC: as large as the largest bucket so far (a model smaller
+        than ``bucket_bytes`` holds no more than itself); a larger bucket replaces it."""
         need = bucket_nbytes(bucket)
         if self._ipc is None or self._ipc[0].numel() < need or self._ipc[0].device != device:
             self._ipc = None  # the old buffer goes before the new one is allocated
-            flat = torch.empty(max(need, self.bucket_bytes), dtype=torch.uint8, device=device)
+            flat = torch.empty(need, dtype=torch.uint8, device=device)
             self._ipc = (flat, ipc_handle_of(flat))
         return self._ipc
 
