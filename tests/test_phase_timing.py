@@ -27,3 +27,16 @@ def test_a_gpu_phase_waits_for_its_queued_work_and_counts_it(monkeypatch):
     with cpu.timed("train"):
         pass
     assert events == [] and cpu.seconds["train"] < 0.2
+
+
+def test_a_failure_names_the_innermost_phase_it_left_and_the_time_is_still_counted():
+    ctx = RankContext(cfg=build_config({}, []), roles=None, bridge=None, device=torch.device("cpu"))
+    with ctx.timed("sample"):
+        pass
+    assert ctx.failed_phase is None
+    try:
+        with ctx.timed("train"), ctx.timed("reference"):
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert ctx.failed_phase == "reference" and {"train", "reference"} <= set(ctx.seconds)

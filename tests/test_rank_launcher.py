@@ -153,3 +153,38 @@ def test_a_vllm_rank_on_the_second_node_sees_only_its_own_gpu(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "7")
     restrict_gpu_for_engine(cfg, roles_for_rank(cfg.topology, 15))
     assert (os.environ["CUDA_VISIBLE_DEVICES"], os.environ["LOCAL_RANK"]) == ("7", "0")
+
+
+def test_out_of_memory_names_the_phase_and_what_frees_memory_on_that_rank():
+    """A rank that runs out of GPU memory says in which phase, keeps torch's account of the
+    allocation (without its fragmentation advice), and names the settings of this run that free
+    memory on that rank: sleep mode only where an awake engine shares the policy's GPU."""
+    import torch
+
+    from rlft.runtime.context import RankContext
+    from rlft.runtime.rank import out_of_memory_message
+    from rlft.topology import roles_for_rank
+
+    error = torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 2.32 GiB. GPU 0 has a total capacity of 139.81 GiB of which "
+        "1.20 GiB is free. Of the allocated memory 90.1 GiB is allocated by PyTorch, and 3.2 GiB is reserved "
+        "by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    awake = load_config(REPO / "launch/configs/grpo_1gpu.yaml",
+                        ["sampling.vllm.sleep_mode=false", "optim.train_micro_batch_size=8"])
+    ctx = RankContext(cfg=awake, roles=roles_for_rank(awake.topology, 0), bridge=None, device=torch.device("cpu"))
+    ctx.failed_phase = "train"
+    line = out_of_memory_message(ctx, error)
+    assert line.startswith("out of GPU memory in the train phase: CUDA out of memory. Tried to allocate 2.32 GiB. "
+                           "GPU 0 has a total capacity of 139.81 GiB of which 1.20 GiB is free; what frees"), line
+    assert "expandable_segments" not in line and "\n" not in line
+    assert ("what frees memory here: sampling.vllm.sleep_mode: true (the vLLM engines give their memory back "
+            "while the policy trains), a lower sampling.vllm.gpu_memory_utilization (now 0.3), a lower "
+            "optim.train_micro_batch_size (now 8), model.activation_checkpointing: true;") in line
+    assert line.endswith("the checkpoints saved so far are kept (output.resume: auto, the default, goes on from the last)")
+
+    asleep = load_config(REPO / "launch/configs/grpo_1gpu.yaml", ["optim.micro_batch_tokens=16384"])
+    ctx = RankContext(cfg=asleep, roles=roles_for_rank(asleep.topology, 0), bridge=None, device=torch.device("cpu"))
+    line = out_of_memory_message(ctx, error)
+    assert line.startswith("out of GPU memory: CUDA out of memory.") and "sleep_mode" not in line
+    assert "a lower optim.micro_batch_tokens (now 16384)" in line and "train_micro_batch_size" not in line

@@ -44,6 +44,7 @@ class RankContext:
     seconds: dict[str, float] = field(default_factory=dict)  # this step's time per phase
     phase_memory_gb: dict[str, float] = field(default_factory=dict)  # this step's peak GPU memory per phase
     step_peak_bytes: int = 0  # GPU: the most allocated so far (timed phases reset torch's counter)
+    failed_phase: str | None = None  # the timed phase a failure left, for its message
     exit_code: int = 0  # what the rank exits with when its work returns (1: an evaluation failed, or training diverged)
 
     @property
@@ -80,6 +81,9 @@ class RankContext:
         try:
             with torch.profiler.record_function(f"phase:{phase}"):  # a range in a profiled step's record
                 yield
+        except BaseException:
+            self.failed_phase = self.failed_phase or phase  # the innermost phase a failure left
+            raise
         finally:
             if cuda:
                 torch.cuda.synchronize(self.device)

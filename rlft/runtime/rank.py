@@ -13,6 +13,8 @@ import traceback
 from pathlib import Path
 from typing import Callable, NoReturn
 
+import torch
+
 from rlft.common import free_port, log, say_line
 from rlft.config import ConfigError, RunConfig
 from rlft.runtime.bridge import Bridge, process_state
@@ -95,9 +97,36 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
         fail(ctx, f"config error: {e}", exit_code=2)
     except (CheckpointError, WeightSyncError) as e:  # its message is the whole story: no traceback
         fail(ctx, f"{type(e).__name__}: {e}", exit_code=1)
+    except torch.OutOfMemoryError as e:
+        fail(ctx, out_of_memory_message(ctx, e), exit_code=1)
     except BaseException as e:  # noqa: BLE001 - any failure must take the whole launch down promptly
         fail(ctx, f"{type(e).__name__}: {e}", exit_code=1, trace=True)
     exit_rank(ctx.exit_code, ctx)
+
+
+def out_of_memory_message(ctx: RankContext, error: BaseException) -> str:
+    """An out-of-memory failure in one line: the phase it stopped, torch's own account (how much it
+    tried to allocate, what was free), and what in this run's config frees memory on this rank."""
+    cfg, roles = ctx.cfg, ctx.roles
+    account = " ".join(str(error).split())
+    account = account.split(" Of the allocated memory")[0][:400].rstrip(".")  # torch's fragmentation advice follows
+    engine_here = (roles.sampler or roles.evaluator) and cfg.sampling.backend != "hf"
+    fixes = []
+    if roles.policy and engine_here and not cfg.sampling.vllm.sleep_mode:
+        fixes.append("sampling.vllm.sleep_mode: true (the vLLM engines give their memory back while the policy trains)")
+    if roles.policy and engine_here:
+        fixes.append(f"a lower sampling.vllm.gpu_memory_utilization (now {cfg.sampling.vllm.gpu_memory_utilization})")
+    if roles.policy:
+        if cfg.optim.micro_batch_tokens > 0:
+            fixes.append(f"a lower optim.micro_batch_tokens (now {cfg.optim.micro_batch_tokens})")
+        else:
+            fixes.append(f"a lower optim.train_micro_batch_size (now {cfg.optim.train_micro_batch_size})")
+        if not cfg.model.activation_checkpointing:
+            fixes.append("model.activation_checkpointing: true")
+    where = f" in the {ctx.failed_phase} phase" if ctx.failed_phase else ""
+    advice = f"; what frees memory here: {', '.join(fixes)}" if fixes else ""
+    return (f"out of GPU memory{where}: {account}{advice}; the checkpoints saved so far are kept "
+            f"(output.resume: auto, the default, goes on from the last)")
 
 
 def hold_output_dir(ctx: RankContext) -> None:
