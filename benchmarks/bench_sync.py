@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import os
 import statistics
 import sys
 import time
@@ -59,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    # torch's CUDA driver is up before the engine starts (the GPU check), so vLLM's engine process
+    # must be spawned, not forked: a forked one cannot use CUDA.
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
     import torch
     from transformers import AutoModelForCausalLM
