@@ -51,6 +51,7 @@ def _build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, rol
         plan = check_shared_gpu(cfg, model_path=ctx.model_path, device=ctx.device, policy_dtype=ctx.policy_dtype,
                                 reference_here=(roles.reference and objective.needs_reference
                                                 and not reference_is_policy_base(cfg)))
+        ctx.gpu_plan = plan
         if plan:
             log.info("one GPU for the policy and the engine: %s GiB", ", ".join(
                 f"{'left over' if k == 'free' else k} {v:.1f}" for k, v in plan.items()))

@@ -44,6 +44,8 @@ class RankContext:
     seconds: dict[str, float] = field(default_factory=dict)  # this step's time per phase
     phase_memory_gb: dict[str, float] = field(default_factory=dict)  # this step's peak GPU memory per phase
     step_peak_bytes: int = 0  # GPU: the most allocated so far (timed phases reset torch's counter)
+    gpu_plan: dict[str, float] | None = None  # where the policy and an engine share this rank's GPU (memory_plan)
+    sleep_hint_given: bool = False
     failed_phase: str | None = None  # the timed phase a failure left, for its message
     exit_code: int = 0  # what the rank exits with when its work returns (1: an evaluation failed, or training diverged)
 

@@ -17,6 +17,7 @@ from typing import Callable
 from rlft.common import log
 from rlft.runtime.checkpoint import checkpoint_step, complete_checkpoints, export_final_model, save_checkpoint
 from rlft.runtime.context import RankContext, peak_memory_gb
+from rlft.runtime.memory_plan import note_sleep_mode
 from rlft.runtime.profiling import profiled_step
 from rlft.runtime.reporting import Tracker, format_samples, merge_metrics, progress_line
 
@@ -124,6 +125,7 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
         metrics["seconds"] = {**ctx.seconds, "step": time.perf_counter() - t0}
         clock.add(metrics["seconds"]["step"])
         metrics["peak_memory_gb"] = peak_memory_gb(ctx.device, ctx)
+        note_sleep_mode(ctx, step, start, metrics)
         if ctx.phase_memory_gb:
             metrics["phase_memory_gb"] = dict(ctx.phase_memory_gb)
         gathered = bridge.gather_objects(metrics, dst=0)

@@ -5,12 +5,15 @@ policy's weights, gradients and optimizer state stay resident while the engine i
 engine's share (`gpu_memory_utilization` of the GPU) plus that must fit, with some room for the
 activations of the sampling phase.  A split that cannot fit is refused at start, with the numbers,
 instead of failing with an out-of-memory error steps later (and losing the steps since the last
-checkpoint).
+checkpoint).  The other way round, once a run has trained: where a sleeping engine would fit awake
+beside the train phase's measured peak, the log says so (`note_sleep_mode`), since its wake costs
+every sync a tenth of a second or more.
 """
 from __future__ import annotations
 
 import torch
 
+from rlft.common import log
 from rlft.config import ConfigError, RunConfig
 
 # bf16 training under DeepSpeed: bf16 weights (2) and gradients (2), fp32 master weights (4) and
@@ -85,6 +88,49 @@ def check_shared_gpu(cfg: RunConfig, *, model_path: str, device: torch.device, p
                            adapter_params=lora_parameters(model_path, cfg.model.lora) if cfg.model.lora.enabled else None)
     refuse_if_short(plan)
     return plan
+
+
+# The policy's caching allocator holds more than its peak of allocated memory (blocks of many sizes
+# are cached between micro-batches): an engine kept awake is suggested only with this share of the
+# train phase's peak to spare as well.
+AWAKE_MARGIN = 0.25
+
+
+def awake_spare_gib(plan: dict[str, float], train_peak_gib: float, margin: float = AWAKE_MARGIN) -> float:
+    """GiB the GPU would keep spare through the train phase with the engine kept awake
+    (`sampling.vllm.sleep_mode: false`): its total less the engine's share, the headroom and the
+    train phase's peak of allocated memory (the policy's weights, gradients, optimizer and
+    activations, and the reference where it shares the rank) with `margin` of that peak more.
+    Negative: it would not fit."""
+    return plan["total"] - plan["engine"] - plan["headroom"] - train_peak_gib * (1 + margin)
+
+
+def sleep_mode_hint(plan: dict[str, float], train_peak_gib: float, wake_s: float) -> str | None:
+    """What to tell a run whose engine sleeps through the train phase when it would fit awake (None
+    when it would not): the wake it pays every step and the memory that keeping it awake leaves."""
+    spare = awake_spare_gib(plan, train_peak_gib)
+    if spare <= 0:
+        return None
+    return (f"sleep mode: the engine's wake took {wake_s:.2f} s of this step's sync. The train phase peaked at "
+            f"{train_peak_gib:.1f} GiB; with the engine kept awake ({plan['engine']:.1f} GiB) and headroom "
+            f"({plan['headroom']:.1f} GiB) this {plan['total']:.0f} GiB GPU would keep {spare:.1f} GiB spare beyond "
+            f"{AWAKE_MARGIN:.0%} more than that peak, so sampling.vllm.sleep_mode=false would likely fit and save "
+            f"the wake every step. Longer responses raise the peak: memory/peak_gb/train in the log shows it.")
+
+
+def note_sleep_mode(ctx, step: int, start: int, metrics: dict) -> None:
+    """Once a launch, on the rank where the policy and a sleeping engine share a GPU: after its
+    second step (the first compiles and warms up), log :func:`sleep_mode_hint` when it applies."""
+    plan = ctx.gpu_plan
+    if plan is None or ctx.sleep_hint_given or not ctx.cfg.sampling.vllm.sleep_mode or step < start + 2:
+        return
+    peak, wake = ctx.phase_memory_gb.get("train"), metrics.get("time/sync/wake")
+    if peak is None or wake is None:
+        return
+    ctx.sleep_hint_given = True
+    hint = sleep_mode_hint(plan, peak, wake)
+    if hint:
+        log.info("%s", hint)
 
 
 def refuse_if_short(plan: dict[str, float]) -> None:
