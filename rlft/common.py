@@ -67,8 +67,38 @@ def resolve_dtype(dtype: str, device_type: str) -> str:
 # ---------------------------------------------------------------- ports
 
 
+# Where a launch's port is looked for: below the kernel's ephemeral ports (Linux: 32768-60999), which
+# it hands out to every outgoing connection and every socket bound to port 0.  A port found free in
+# that range can be taken by another process (another launch's gloo sockets) in the seconds before
+# the launch's first rank listens on it.
+PORT_RANGE = (20000, 32767)
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ephemeral ports (Linux's default where it cannot be read)."""
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A TCP port that is free on this machine now."""
+    """A TCP port that is free on this machine now, drawn at random from `PORT_RANGE` outside the
+    ephemeral ports (two launches at once draw different ones); one the kernel picks where none of
+    those is free."""
+    import secrets
+
+    lo, hi = ephemeral_ports()
+    candidates = [p for p in range(PORT_RANGE[0], PORT_RANGE[1] + 1) if not lo <= p <= hi]
+    for _ in range(min(64, len(candidates))):
+        port = candidates[secrets.randbelow(len(candidates))]
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

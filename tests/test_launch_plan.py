@@ -46,6 +46,30 @@ def test_one_node_uses_num_gpus_and_a_free_port():
     assert plan_of(CONFIGS / "grpo_8gpu.yaml", "topology.master_port=29999").ds_args[3] == "29999"
 
 
+def test_free_ports_are_drawn_outside_the_ephemeral_range(monkeypatch):
+    """A launch's port comes from below the kernel's ephemeral ports, which any outgoing connection
+    may take before the launch listens; two draws differ; a taken port is passed over."""
+    import socket
+
+    import rlft.common as common
+
+    lo, hi = common.ephemeral_ports()
+    assert lo <= hi
+    ports = [common.free_port() for _ in range(20)]
+    assert all(common.PORT_RANGE[0] <= p <= common.PORT_RANGE[1] and not lo <= p <= hi for p in ports)
+    assert len(set(ports)) > 1
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[0]))  # free when drawn: it can be bound
+    # The only candidate taken: the kernel's pick instead.
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        held.listen()
+        monkeypatch.setattr(common, "PORT_RANGE", (taken, taken))
+        monkeypatch.setattr(common, "ephemeral_ports", lambda: (1, 1))
+        assert common.free_port() != taken
+
+
 # ---------------------------------------------------------------- the 2 x 8 GPU layout
 
 
