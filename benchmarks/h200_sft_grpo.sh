@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/h200_sft_grpo.sh MODEL_DIR GSM8K_DIR OUT_DIR [phase ...]
 #
-# MODEL_DIR  an HF directory of SmolLM2-135M-Instruct (rlft.models.resolve_model_path("smollm2-135m-instruct"))
+# MODEL_DIR  an HF directory of SmolLM2-135M-Instruct (rlft.models.loading.resolve_model_path("smollm2-135m-instruct"))
 # GSM8K_DIR  a local GSM8K copy (train.jsonl, test.jsonl)
 # phases     any of: eval_before sft eval_after grpo (default: all, in that order)
 #

@@ -52,7 +52,7 @@ say() { echo "[learning $(date +%H:%M:%S)] $*" | tee -a "$out/phases.log"; }
 [ -n "$GSM8K" ] || { echo "set GSM8K to a directory with train.jsonl and test.jsonl" >&2; exit 2; }
 
 model_dir() {  # the HF directory of MODEL (a .gguf is converted once and cached)
-  "$PYTHON" -c 'import sys; from rlft.models import resolve_model_path; print(resolve_model_path(sys.argv[1]))' "$MODEL" | tail -n 1
+  "$PYTHON" -c 'import sys; from rlft.models.loading import resolve_model_path; print(resolve_model_path(sys.argv[1]))' "$MODEL" | tail -n 1
 }
 
 for phase in "$@"; do

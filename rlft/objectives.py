@@ -11,7 +11,7 @@ from typing import Protocol
 
 from torch import Tensor
 
-from rlft.batch import Labels, RolloutBatch
+from rlft.batching.batch import Labels, RolloutBatch
 from rlft.config import GRPOConfig
 from rlft.grpo import (
     POLICY_LOSS_METRIC_KEYS,

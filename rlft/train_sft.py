@@ -32,7 +32,7 @@ from rlft.runtime.run_eval import evaluate_existing, run_evaluation
 from rlft.runtime.loop import close_tracker, open_tracker, report, run_steps
 from rlft.runtime.rank import parse_run_args, run_rank
 from rlft.runtime.sync import sync_weights
-from rlft.topology import RankRoles
+from rlft.config.topology import RankRoles
 
 
 def check_sft_config(cfg: RunConfig) -> None:
@@ -124,7 +124,7 @@ def run(ctx: RankContext) -> None:
     resolve_start_model(ctx)
     error = None
     if ctx.roles.sampler:
-        from rlft.models import context_length
+        from rlft.models.loading import context_length
 
         try:
             ctx.feeder = SFTFeeder(cfg, ctx.tokenizer, context=context_length(ctx.model_path))

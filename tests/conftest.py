@@ -23,7 +23,7 @@ def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlft.batch import tokenize_prompt_and_output
+    from rlft.batching.batch import tokenize_prompt_and_output
     from rlft.roles.reference import sequence_logprobs
 
     torch.manual_seed(seed)

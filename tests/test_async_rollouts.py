@@ -9,7 +9,7 @@ is not a response token, 5 response tokens in all.
 import pytest
 import torch
 
-from rlft.batch import Labels
+from rlft.batching.batch import Labels
 from rlft.config import ConfigError, GRPOConfig, build_config, config_warnings
 from rlft.objectives import GRPOObjective
 

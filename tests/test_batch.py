@@ -9,7 +9,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from rlft.batch import Labels, build_rollout_batch, tokenize_prompt_and_output, used_width
+from rlft.batching.batch import Labels, build_rollout_batch, tokenize_prompt_and_output, used_width
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = {

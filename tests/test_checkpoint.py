@@ -10,11 +10,12 @@ import torch
 
 from rlft.common import free_port
 from rlft.config import build_config
+from rlft.config import resume_rules
 from rlft.runtime import checkpoint
 from rlft.runtime.bridge import Bridge
 from rlft.runtime.checkpoint import CheckpointError, save_checkpoint
 from rlft.runtime.context import RankContext
-from rlft.topology import roles_for_rank
+from rlft.config.topology import roles_for_rank
 
 ALONE = ["topology.policy_ranks=[0]", "topology.pipeline_stages=1", "topology.sampler_rank=0",
          "topology.reference_rank=0", "topology.evaluator_rank=0", "device=cpu"]
@@ -103,14 +104,14 @@ def test_resuming_another_layout_is_explained_and_weights_only_on_request(tmp_pa
     ck = write_checkpoint(out, 4, {"layout": {"pipeline_stages": 2, "replicas": 1}}, [])
     cfg = build_config({}, [*ALONE, f"output.dir={out}"])
     with pytest.raises(ConfigError) as e:
-        checkpoint.resume_point(cfg)
+        resume_rules.resume_point(cfg)
     assert str(e.value).startswith(f"output.resume: {ck} was written by a policy of 2 pipeline stages x 1 replica, "
                                    f"this launch has 1 pipeline stage x 1 replica; ")
     assert "output.resume_weights_only=true" in str(e.value)
-    assert checkpoint.resume_point(build_config({}, [*ALONE, f"output.dir={out}", "output.resume_weights_only=true"])) \
+    assert resume_rules.resume_point(build_config({}, [*ALONE, f"output.dir={out}", "output.resume_weights_only=true"])) \
         == (ck, True)
     same = build_config({}, [*ALONE, f"output.dir={out}", "topology.policy_ranks=[0,1]", "topology.pipeline_stages=2"])
-    assert checkpoint.resume_point(same) == (ck, False)
+    assert resume_rules.resume_point(same) == (ck, False)
 
 
 def test_the_layout_of_a_checkpoint_that_does_not_record_it_is_read_from_deepspeed_files(tmp_path):
@@ -119,7 +120,7 @@ def test_the_layout_of_a_checkpoint_that_does_not_record_it_is_read_from_deepspe
                                             "zero_pp_rank_1_mp_rank_00_optim_states.pt",
                                             "zero_pp_rank_0_mp_rank_01_optim_states.pt",
                                             "zero_pp_rank_1_mp_rank_01_optim_states.pt"])
-    assert checkpoint.saved_layout(ck) == {"pipeline_stages": 2, "replicas": 2}
+    assert resume_rules.saved_layout(ck) == {"pipeline_stages": 2, "replicas": 2}
 
 
 # ------------------------------------------------------------------ what a resumed or fresh run may do
@@ -133,27 +134,27 @@ def test_a_fresh_run_refuses_a_directory_another_run_used_and_touches_nothing(tm
     (out / "steps.jsonl").write_text('{"step": 6}\n')
     fresh = build_config({}, [*ALONE, f"output.dir={out}", "output.resume=never"])
     with pytest.raises(ConfigError) as e:
-        checkpoint.resume_point(fresh)
+        resume_rules.resume_point(fresh)
     assert str(e.value) == (
         f"output.resume: never starts a fresh run, but output.dir {out} holds another run's checkpoints/, "
         f"steps.jsonl, which the new run would prune, resume or mix with its own; choose another output.dir, "
         f"move those away, or continue that run with output.resume=auto")
     assert (ck / checkpoint.STATE_FILE).is_file() and (out / "steps.jsonl").read_text() == '{"step": 6}\n'
     # An unused (or only configured) directory is fine.
-    assert checkpoint.resume_point(build_config({}, [*ALONE, f"output.dir={tmp_path / 'new'}",
+    assert resume_rules.resume_point(build_config({}, [*ALONE, f"output.dir={tmp_path / 'new'}",
                                                      "output.resume=never"])) == (None, False)
 
 
 def test_resuming_with_settings_the_checkpoint_depends_on_changed_is_refused_with_the_list(tmp_path):
     from rlft.config import ConfigError
-    from rlft.runtime.resume_rules import run_settings
+    from rlft.config.resume_rules import run_settings
 
     out = tmp_path / "out"
     saved = build_config({}, [*ALONE, f"output.dir={out}", "optim.lr=1e-5"])
     ck = write_checkpoint(out, 4, {"settings": run_settings(saved)}, [])
     changed = build_config({}, [*ALONE, f"output.dir={out}", "optim.lr=1e-3", "grpo.group_size=4", "seed=7"])
     with pytest.raises(ConfigError) as e:
-        checkpoint.resume_point(changed)
+        resume_rules.resume_point(changed)
     assert str(e.value) == (
         f"output.resume: {ck} was trained with other settings, which cannot change when a run resumes: "
         f"seed 0 -> 7; grpo.group_size 8 -> 4. Launch with the checkpoint's settings, or start afresh in "
@@ -161,7 +162,7 @@ def test_resuming_with_settings_the_checkpoint_depends_on_changed_is_refused_wit
     # The learning rate and the schedule's lengths may change: they apply (below).
     new_lr = build_config({}, [*ALONE, f"output.dir={out}", "optim.lr=1e-3", "schedule.steps=500",
                                "optim.warmup_steps=10"])
-    assert checkpoint.resume_point(new_lr) == (ck, False)
+    assert resume_rules.resume_point(new_lr) == (ck, False)
 
 
 def test_a_resumed_optimizer_takes_the_configs_learning_rate_and_schedule():
@@ -201,7 +202,7 @@ LORA = ["model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=16",
 def lora_checkpoint(tmp_path: Path, *saved_overrides: str) -> tuple[Path, Path]:
     out = tmp_path / "out"
     saved = build_config({}, [*ALONE, f"output.dir={out}", *saved_overrides])
-    from rlft.runtime.resume_rules import run_settings
+    from rlft.config.resume_rules import run_settings
 
     return out, write_checkpoint(out, 4, {"settings": run_settings(saved)}, [])
 
@@ -213,7 +214,7 @@ def test_resuming_with_other_lora_shapes_is_refused_with_the_list(tmp_path):
     changed = build_config({}, [*ALONE, f"output.dir={out}", *LORA, "model.lora.rank=8", "model.lora.alpha=32",
                                 "model.lora.target_modules=[q_proj,k_proj,v_proj]"])
     with pytest.raises(ConfigError) as e:
-        checkpoint.resume_point(changed)
+        resume_rules.resume_point(changed)
     assert str(e.value) == (
         f"output.resume: {ck} was trained with other settings, which cannot change when a run resumes: "
         f"model.lora.rank 4 -> 8; model.lora.alpha 16.0 -> 32.0; model.lora.target_modules "
@@ -221,7 +222,7 @@ def test_resuming_with_other_lora_shapes_is_refused_with_the_list(tmp_path):
         f"or start afresh in another output.dir")
     # The weights-only resume too: its adapters have the checkpoint's shapes.
     with pytest.raises(ConfigError, match="model.lora.rank 4 -> 8"):
-        checkpoint.resume_point(build_config({}, [*ALONE, f"output.dir={out}", *LORA, "model.lora.rank=8",
+        resume_rules.resume_point(build_config({}, [*ALONE, f"output.dir={out}", *LORA, "model.lora.rank=8",
                                                   "output.resume_weights_only=true"]))
 
 
@@ -230,12 +231,12 @@ def test_turning_lora_on_or_off_on_resume_is_refused(tmp_path):
 
     out, ck = lora_checkpoint(tmp_path / "lora", *LORA)
     with pytest.raises(ConfigError) as e:
-        checkpoint.resume_point(build_config({}, [*ALONE, f"output.dir={out}"]))
+        resume_rules.resume_point(build_config({}, [*ALONE, f"output.dir={out}"]))
     assert ": model.lora.enabled True -> False; model.lora.rank 4 -> None; model.lora.alpha 16.0 -> None; " \
            "model.lora.target_modules ['q_proj', 'v_proj'] -> None. " in str(e.value)
     out, ck = lora_checkpoint(tmp_path / "full")
     with pytest.raises(ConfigError) as e:
-        checkpoint.resume_point(build_config({}, [*ALONE, f"output.dir={out}", *LORA]))
+        resume_rules.resume_point(build_config({}, [*ALONE, f"output.dir={out}", *LORA]))
     assert ": model.lora.enabled False -> True; model.lora.rank None -> 4; " in str(e.value)
 
 
@@ -244,7 +245,7 @@ def test_lora_settings_that_leave_the_saved_state_as_it_is_may_change(tmp_path):
     # Dropout has no parameters and is not in the merged weights; the target modules' order means nothing.
     same = build_config({}, [*ALONE, f"output.dir={out}", *LORA, "model.lora.dropout=0.1",
                              "model.lora.target_modules=[v_proj,q_proj]"])
-    assert checkpoint.resume_point(same) == (ck, False)
+    assert resume_rules.resume_point(same) == (ck, False)
     # Without LoRA, its (unused) shape settings may change.
     out, ck = lora_checkpoint(tmp_path / "full")
-    assert checkpoint.resume_point(build_config({}, [*ALONE, f"output.dir={out}", "model.lora.rank=8"])) == (ck, False)
+    assert resume_rules.resume_point(build_config({}, [*ALONE, f"output.dir={out}", "model.lora.rank=8"])) == (ck, False)

@@ -219,7 +219,7 @@ def test_sampling_defaults_are_the_engines_defaults():
     ("top_p", 0.0, "must be in (0, 1]"), ("temperature", -0.5, "must be >= 0"), ("max_tokens", 0, "must be >= 1")])
 def test_the_config_the_engines_and_the_evaluate_cli_share_one_range_check(name, value, rule):
     from rlft.engines import SamplingSpec
-    from rlft.evaluate import InputError, build_parser, check_args
+    from rlft.evaluate.cli import InputError, build_parser, check_args
 
     assert error_of(None, [f"sampling.{name}={value}"]) == f"sampling.{name}: {rule}, got {value}"
     with pytest.raises(ValueError) as spec_error:
@@ -471,7 +471,7 @@ def test_the_readme_names_every_shipped_config_and_the_real_output_paths():
     # The layout the README shows is the one the code writes (zero-padded step directories, model/).
     assert "eval/step_000010/" in readme and "checkpoints/step_000010/" in readme
     assert "step_N" not in readme and "runs/grpo/final" not in readme
-    assert "runs/grpo/final" not in (REPO / "rlft" / "evaluate.py").read_text()
+    assert "runs/grpo/final" not in (REPO / "rlft" / "evaluate" / "cli.py").read_text()
 
 
 @pytest.mark.parametrize("path", GRPO_CONFIGS, ids=lambda p: p.name)

@@ -355,7 +355,7 @@ def test_prompts_longer_than_the_limit_are_skipped_and_counted(tiny_tokenizer, c
 
 
 def test_context_length_reads_the_model_and_the_engine_cap(tmp_path):
-    from rlft.models import context_length
+    from rlft.models.loading import context_length
     from tiny_models import tiny_model_dir
 
     model = tiny_model_dir(tmp_path / "m", num_layers=1, max_position_embeddings=512)

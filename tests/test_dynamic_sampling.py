@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from rlft.dynamic_sampling import GroupPool, group_rows, informative_groups
+from rlft.batching.dynamic_sampling import GroupPool, group_rows, informative_groups
 from rlft.roles.generation import Rollout
 
 

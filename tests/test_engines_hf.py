@@ -453,7 +453,7 @@ def test_a_registered_backend_is_built_chosen_and_described_by_its_record(tokeni
     from rlft.config import load_config
     from rlft.engines import BACKENDS, Backend, backend_choices, candidates, resolve_backend
     from rlft.runtime.rank import may_host_gpu_process_engine
-    from rlft.topology import roles_for_rank
+    from rlft.config.topology import roles_for_rank
 
     assert backend_choices() == ("auto", *BACKENDS) and list(BACKENDS)[:2] == ["vllm", "hf"]  # auto tries vLLM first
     assert (BACKENDS["vllm"].own_gpu_process, BACKENDS["hf"].own_gpu_process) == (True, False)

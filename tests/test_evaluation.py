@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlft.data import Example
-from rlft.scoring import RESULTS_FILE, SUMMARY_FILE, pass_at_k, score_responses, write_results
+from rlft.evaluate.scoring import RESULTS_FILE, SUMMARY_FILE, pass_at_k, score_responses, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -161,8 +161,8 @@ def one_thread():
 
 def test_evaluate_samples_k_per_question_in_batches(tiny_model, one_thread):
     from rlft.engines import SamplingSpec, make_engine
-    from rlft.scoring import evaluate
-    from rlft.models import load_tokenizer
+    from rlft.evaluate.scoring import evaluate
+    from rlft.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model, padding_side="left")
     engine = make_engine("hf", tiny_model, dtype="float32", device="cpu", seed=0, tokenizer=tokenizer)
@@ -175,7 +175,7 @@ def test_evaluate_samples_k_per_question_in_batches(tiny_model, one_thread):
     assert all(len(r["responses"]) == 2 and len(r["response_lengths"]) == 2 for r in records)
     assert all(2 <= n <= 5 for r in records for n in r["response_lengths"])
     # Lengths are the engine's token counts: the same prompt, spec and seed give the same ids.
-    from rlft.scoring import tokenize_prompts
+    from rlft.evaluate.scoring import tokenize_prompts
 
     again = engine.generate(tokenize_prompts(tokenizer, ["question 0?", "question 1?"], "r1_zero"),
                             SamplingSpec(temperature=1.0, min_tokens=2, max_tokens=5, n=2, seed=7))
@@ -219,7 +219,7 @@ def test_cli_skips_questions_too_long_for_the_model(tiny_model, tmp_path, monkey
     # In-process, to see what the environment holds when torch first looks for a GPU.
     import torch
 
-    from rlft.evaluate import main
+    from rlft.evaluate.cli import main
 
     for name in ("VLLM_WORKER_MULTIPROC_METHOD", "VLLM_LOGGING_STREAM", "VLLM_LOGGING_LEVEL"):
         monkeypatch.setenv(name, "")  # recorded, so the test leaves the environment as it found it
@@ -270,7 +270,7 @@ def test_cli_unknown_data_source_exits_2(tiny_model, tmp_path):
 
 
 def test_parse_data_arg(tmp_path):
-    from rlft.evaluate import InputError, parse_data_arg
+    from rlft.evaluate.cli import InputError, parse_data_arg
 
     d = parse_data_arg("gsm8k:test")
     assert (d.source, d.split, d.label) == ("openai/gsm8k", "test", "gsm8k_test")
@@ -293,7 +293,7 @@ def test_parse_data_arg(tmp_path):
 
 
 def test_default_out_dir(tmp_path):
-    from rlft.evaluate import default_out_dir
+    from rlft.evaluate.cli import default_out_dir
 
     out = default_out_dir(str(tmp_path), "gsm8k_test", now=0)
     assert out.parent == tmp_path and out.name.startswith("eval_gsm8k_test_")

@@ -76,7 +76,7 @@ def test_final_evaluation_used_the_chat_prompt(chat_run):
 def evaluate_in_process(argv: list[str], monkeypatch, capsys) -> tuple[int, str]:
     """`python -m rlft.evaluate ARGV` run in this process (the interpreter has torch and transformers
     loaded already): (exit status, stderr).  The environment defaults it sets for vLLM are undone after."""
-    from rlft import evaluate
+    from rlft.evaluate import cli as evaluate
 
     for name in ("VLLM_WORKER_MULTIPROC_METHOD", "VLLM_LOGGING_STREAM", "VLLM_LOGGING_LEVEL"):
         monkeypatch.setenv(name, os.environ.get(name, ""))

@@ -1,4 +1,4 @@
-"""The launch plan (rlft.launch_plan) for one node and for several through DeepSpeed's launchers, and
+"""The launch plan (rlft.config.launch_plan) for one node and for several through DeepSpeed's launchers, and
 the commands DeepSpeed's own runner builds from it."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlft.config import ConfigError, load_config
-from rlft.launch_plan import make_plan, read_hostfile
+from rlft.config.launch_plan import make_plan, read_hostfile
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "launch" / "configs"
@@ -82,13 +82,13 @@ def test_two_by_eight_layout_places_the_pipeline_over_both_nodes():
         "node 0: policy stages 0-3 on ranks 0-7",
         "node 1: policy stages 4-6 on ranks 8-13; reference + evaluator on rank 14; sampler on rank 15"]
     # Every stage's two replicas share a node: gradient all-reduces stay inside a node.
-    from rlft.topology import policy_rank_of
+    from rlft.config.topology import policy_rank_of
 
     for stage in range(7):
         ranks = [policy_rank_of(t, replica, stage) for replica in range(2)]
         assert len({r // 8 for r in ranks}) == 1, (stage, ranks)
     # Qwen2.5-Math-7B's 28 layers split evenly over the 7 stages.
-    from rlft.topology import check_stages_vs_layers
+    from rlft.config.topology import check_stages_vs_layers
 
     check_stages_vs_layers(28, 7)
 
@@ -199,7 +199,7 @@ def test_deepspeed_per_node_launch_gives_node_one_the_upper_ranks():
 def test_rank_entry_script_runs_a_module(tmp_path):
     """launch/rank.py (the slurm entry) runs `rlft.X` as `python -m rlft.X` would."""
     env = dict(os.environ, PYTHONPATH="")
-    res = subprocess.run([sys.executable, str(REPO / "launch" / "rank.py"), "rlft.launch_plan", "--config",
+    res = subprocess.run([sys.executable, str(REPO / "launch" / "rank.py"), "rlft.config.launch_plan", "--config",
                           str(CONFIGS / "grpo_8gpu.yaml"), "--gpus-available", "8"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -244,7 +244,7 @@ def test_a_larger_hostfile_is_trimmed_by_deepspeed(tmp_path):
 
 def test_launch_plan_command_line_prints_shell_assignments(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    res = subprocess.run([sys.executable, "-m", "rlft.launch_plan", "--config", str(TWO_BY_EIGHT),
+    res = subprocess.run([sys.executable, "-m", "rlft.config.launch_plan", "--config", str(TWO_BY_EIGHT),
                           "--gpus-available", "8", "topology.launcher=slurm"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -255,7 +255,7 @@ def test_launch_plan_command_line_prints_shell_assignments(tmp_path):
     assert first.endswith("|--launcher_args=--ntasks-per-node=8|")
     assert placement == ["node 0: policy stages 0-3 on ranks 0-7",
                          "node 1: policy stages 4-6 on ranks 8-13; reference + evaluator on rank 14; sampler on rank 15"]
-    bad = subprocess.run([sys.executable, "-m", "rlft.launch_plan", "--config", str(TWO_BY_EIGHT), "topology.nodes=3"],
+    bad = subprocess.run([sys.executable, "-m", "rlft.config.launch_plan", "--config", str(TWO_BY_EIGHT), "topology.nodes=3"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert bad.stderr.strip() == "rlft: config error: topology.nodes: 16 ranks do not split evenly over 3 nodes"
@@ -282,7 +282,7 @@ TINY = CONFIGS / "grpo_cpu_tiny.yaml"
      "(*.safetensors, pytorch_model*.bin or an index file)"),
 ])
 def test_runs_that_cannot_start_or_learn_are_refused_by_the_plan(tmp_path, capsys, overrides, message):
-    from rlft.launch_plan import main
+    from rlft.config.launch_plan import main
 
     out = tmp_path / "out"
     args = ["--module", "rlft.train_grpo", "--config", str(TINY), f"output.dir={out}",
@@ -295,7 +295,7 @@ def test_runs_that_cannot_start_or_learn_are_refused_by_the_plan(tmp_path, capsy
 
 
 def test_the_plan_accepts_what_can_learn(tmp_path, capsys):
-    from rlft.launch_plan import main
+    from rlft.config.launch_plan import main
 
     base = ["--config", str(TINY), f"output.dir={tmp_path}", "model.path=HuggingFaceTB/SmolLM2-135M-Instruct"]
     main(["--module", "rlft.train_grpo", *base, "grpo.group_size=1", "grpo.loss_type=no_baseline",
@@ -316,7 +316,7 @@ def test_train_sh_refuses_before_any_rank_starts(tmp_path):
 
 
 def test_the_plan_refuses_a_fresh_run_in_a_used_directory(tmp_path, capsys):
-    from rlft.launch_plan import main
+    from rlft.config.launch_plan import main
 
     ck = tmp_path / "checkpoints" / "step_000006"
     ck.mkdir(parents=True)
@@ -335,7 +335,7 @@ def test_the_plan_loads_neither_torch_nor_the_model_libraries(tmp_path):
     """The plan's checks (the config, the starting model's directory, the checkpoint a launch would resume)
     run on the launching shell before any rank starts: a mistake is refused in a second, not after torch
     has loaded."""
-    from rlft.runtime.resume_rules import run_settings
+    from rlft.config.resume_rules import run_settings
 
     model, out = tmp_path / "model", tmp_path / "out"
     model.mkdir()
@@ -348,7 +348,7 @@ def test_the_plan_loads_neither_torch_nor_the_model_libraries(tmp_path):
         "step": 2, "layout": {"pipeline_stages": 2, "replicas": 1},
         "settings": run_settings(load_config(TINY, overrides))}))
     code = ("import sys\n"
-            "from rlft.launch_plan import main\n"
+            "from rlft.config.launch_plan import main\n"
             "main(sys.argv[1:])\n"  # accepted: resumes step 2
             "try:\n"
             "    main([*sys.argv[1:], 'seed=7'])\n"  # refused: the checkpoint was trained with seed 0

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rlft.runtime.outdir_lock import OutputDirInUse, OutputDirLock
+from rlft.config.outdir_lock import OutputDirInUse, OutputDirLock
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "launch" / "configs" / "grpo_cpu_tiny.yaml"
@@ -205,7 +205,7 @@ def test_every_survivor_names_the_killed_rank_without_cpp_frames(setup, victim):
 
 def test_the_output_lock_names_its_holder_and_is_taken_over_when_the_holder_is_gone(tmp_path):
     holder = subprocess.Popen(
-        ["python", "-c", "import sys, time\nfrom rlft.runtime.outdir_lock import OutputDirLock\n"
+        ["python", "-c", "import sys, time\nfrom rlft.config.outdir_lock import OutputDirLock\n"
          f"OutputDirLock({str(tmp_path)!r}).acquire(launcher_pid=4242)\nprint('held', flush=True)\ntime.sleep(600)"],
         stdout=subprocess.PIPE, text=True)
     try:

@@ -10,7 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from rlft.common import free_port
-from rlft.micro_batches import fixed_micro_batches, padded_tokens, row_widths, token_budget_micro_batches
+from rlft.batching.micro_batches import fixed_micro_batches, padded_tokens, row_widths, token_budget_micro_batches
 
 
 def test_row_widths_count_left_padding_and_stop_at_the_last_token():
@@ -42,7 +42,7 @@ AGGREGATIONS = ("sequence", "token", "constant")
 
 
 def _batch():
-    from rlft.batch import build_rollout_batch
+    from rlft.batching.batch import build_rollout_batch
 
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(5, 300, (int(n),), generator=g).tolist() for n in torch.randint(2, 7, (ROWS,), generator=g)]
@@ -64,7 +64,7 @@ def _pipeline_worker(rank: int, port: int, model_dir: str, results):
     from rlft.objectives import GRPOObjective
     from rlft.roles.policy import PolicyTrainer
     from rlft.runtime.bridge import skip_cpu_shm_comm_build
-    from rlft.topology import RankRoles
+    from rlft.config.topology import RankRoles
 
     skip_cpu_shm_comm_build()
     deepspeed.init_distributed(dist_backend="gloo")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlft.models import (
+from rlft.models.loading import (
     DEFAULT_MODEL,
     ModelPathError,
     convert_gguf,
@@ -266,7 +266,7 @@ def write_empty_arrays_gguf(path: Path) -> None:
 def test_mapped_gguf_reader_reads_what_gguf_reader_reads(tmp_path):
     import gguf
 
-    from rlft.gguf_reading import MappedGGUFReader
+    from rlft.models.gguf import MappedGGUFReader
 
     source = Path(tiny_model_dir(tmp_path / "src", family="llama", num_layers=1, num_kv_heads=1))
     llama = tmp_path / "llama.gguf"
@@ -309,7 +309,7 @@ def test_dequantize_is_gguf_bit_for_bit(monkeypatch):
 
     import gguf
 
-    from rlft import gguf_reading
+    from rlft.models import gguf as gguf_reading
 
     rng = np.random.default_rng(0)
     formats = [gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, *gguf.quants._type_traits]
@@ -334,7 +334,7 @@ def test_dequantize_is_gguf_bit_for_bit(monkeypatch):
 def test_gguf_loading_shortcuts_are_undone(tmp_path):
     import gguf
 
-    from rlft.gguf_reading import MappedGGUFReader, gguf_loading_shortcuts
+    from rlft.models.gguf import MappedGGUFReader, gguf_loading_shortcuts
 
     path, other = tmp_path / "a.gguf", tmp_path / "b.gguf"
     write_empty_arrays_gguf(path)
@@ -357,7 +357,7 @@ def test_quantized_gguf_converts_as_transformers_reads_it(tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from rlft.models import _fix_digit_splitting, ensure_pad_token
+    from rlft.models.loading import _fix_digit_splitting, ensure_pad_token
 
     source = Path(tiny_model_dir(tmp_path / "src", family="llama", num_layers=2, num_kv_heads=1, seed=4))
     gguf_file = tmp_path / "tiny-quantized.gguf"
@@ -420,7 +420,7 @@ def test_an_unchecked_gguf_release_converts_the_slower_way_to_the_same_files(tmp
     import gguf
     from safetensors.torch import load_file
 
-    import rlft.gguf_reading as fast
+    import rlft.models.gguf as fast
 
     source = Path(tiny_model_dir(tmp_path / "src", family="llama", num_layers=2, num_kv_heads=1, seed=4))
     gguf_file = tmp_path / "tiny-quantized.gguf"

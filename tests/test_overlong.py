@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlft.config import build_config
-from rlft.overlong import soft_overlong_penalty, truncated_rows
+from rlft.batching.overlong import soft_overlong_penalty, truncated_rows
 from rlft.roles.generation import Rollout
 from rlft.roles.rollout import RolloutWorker
 

@@ -182,7 +182,7 @@ def test_rows_flushed_left_run_unmasked_and_match_hf_on_the_padded_rows(family, 
     """The policy trains on rows moved to start at column 0 (`RolloutBatch.flush_left`), where SDPA
     runs causal with no mask at all.  Log-probs, and gradients of their sum over the scored
     positions, equal HF's on the original left- and right-padded rows, position by position."""
-    from rlft.batch import RolloutBatch
+    from rlft.batching.batch import RolloutBatch
     from rlft.pipeline.stages import StageContext
 
     config._attn_implementation = "sdpa"
@@ -233,7 +233,7 @@ def test_compiled_layers_share_one_graph_and_match_hf():
     HF's, on padded rows (with a mask) and on rows flushed left (none)."""
     from torch._dynamo.utils import counters
 
-    from rlft.batch import RolloutBatch
+    from rlft.batching.batch import RolloutBatch
     from rlft.pipeline import compile_decoder_layers
     from rlft.pipeline.stages import DecoderLayerPipe
 

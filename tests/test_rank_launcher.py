@@ -143,7 +143,7 @@ def test_a_vllm_rank_on_the_second_node_sees_only_its_own_gpu(monkeypatch):
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed: no rank restricts its GPU for it")
     from rlft.runtime.rank import restrict_gpu_for_engine
-    from rlft.topology import roles_for_rank
+    from rlft.config.topology import roles_for_rank
 
     cfg = load_config(TWO_BY_EIGHT, ["device=cuda", "sampling.backend=vllm"])
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
@@ -163,7 +163,7 @@ def test_out_of_memory_names_the_phase_and_what_frees_memory_on_that_rank():
 
     from rlft.runtime.context import RankContext
     from rlft.runtime.rank import out_of_memory_message
-    from rlft.topology import roles_for_rank
+    from rlft.config.topology import roles_for_rank
 
     error = torch.OutOfMemoryError(
         "CUDA out of memory. Tried to allocate 2.32 GiB. GPU 0 has a total capacity of 139.81 GiB of which "

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from rlft.batch import Labels, RolloutBatch
+from rlft.batching.batch import Labels, RolloutBatch
 from rlft.config import GRPOConfig
 from rlft.grpo import (
     ROLLOUT_MISMATCH_METRIC_KEYS,

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from rlft.config import ConfigError, TopologyConfig, check_topology, load_config
-from rlft.topology import check_stages_vs_layers, policy_rank_of, roles_for_rank
+from rlft.config.topology import check_stages_vs_layers, policy_rank_of, roles_for_rank
 
 CONFIGS = Path(__file__).resolve().parents[1] / "launch" / "configs"
 

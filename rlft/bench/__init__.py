@@ -5,7 +5,9 @@
                      their formulas; the printed table; benchmarks/results/summary.json
     environment.py   commit, GPU, library versions; every GPU's used memory during a run
     trl_baseline.py  TRL's GRPOTrainer (vLLM colocate) on the same work, in its own process
+    raw_engine.py    the raw vLLM engine on the same prompts: the rollout baseline
     cli.py           the command: build the model, launch rlft (and TRL), write the result
+    __main__.py      python -m rlft.bench
 
 Formulas (N parameters, L layers, d hidden size, s mean sequence length; medians over steps 2..N):
 

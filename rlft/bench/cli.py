@@ -141,7 +141,7 @@ def base_config(args: argparse.Namespace, use_gpu: bool, gpus: int) -> str | Non
 
 
 def roles_by_rank(cfg) -> dict[int, list[str]]:
-    from rlft.topology import roles_for_rank
+    from rlft.config.topology import roles_for_rank
 
     return {r: sorted({n.split("[")[0] for n in roles_for_rank(cfg.topology, r).names()})
             for r in range(cfg.world_size())}
@@ -213,7 +213,7 @@ def launch_rlft(config_path: Path, cfg, out: Path, use_gpu: bool, timeout: float
 def trl_prompts(cfg, steps: int) -> list[dict]:
     """The prompts an rlft run of `steps` steps draws, in its order, with their answers."""
     from rlft.data import PromptSampler, load_examples
-    from rlft.models import load_tokenizer
+    from rlft.models.loading import load_tokenizer
     from rlft.prompts import prompt_of
 
     examples = load_examples(cfg.data.source, cfg.data.train_split, size=cfg.data.train_size, seed=cfg.seed).examples

@@ -158,7 +158,7 @@ def pad_tokenizer_vocab(tokenizer_dir: str | Path, vocab_size: int) -> int:
 
 
 def default_cache_dir() -> Path:
-    from rlft.models import default_cache_dir as models_cache
+    from rlft.models.loading import default_cache_dir as models_cache
 
     return models_cache()
 
@@ -219,7 +219,7 @@ def _write_random_model(shape: ModelShape, tokenizer_dir: str, out: Path, seed: 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlft.models import ensure_pad_token
+    from rlft.models.loading import ensure_pad_token
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     ensure_pad_token(tokenizer)
@@ -247,14 +247,14 @@ def resolve_bench_model(spec: str, *, tokenizer_dir: str | None = None, seed: in
     if tokenizer_dir:
         raise ValueError("--tokenizer only applies to the random model shapes "
                          f"({', '.join(MODEL_SHAPES)}), not to {spec!r}")
-    from rlft.models import resolve_model_path
+    from rlft.models.loading import resolve_model_path
 
     return resolve_model_path(spec)
 
 
 def model_facts(model_dir: str) -> dict[str, Any]:
     """What the formulas need from a model: parameter count, layers, hidden size, vocabulary."""
-    from rlft.models import load_hf_config
+    from rlft.models.loading import load_hf_config
 
     cfg = load_hf_config(model_dir)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg

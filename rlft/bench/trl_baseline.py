@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlft.models import ensure_pad_token
+    from rlft.models.loading import ensure_pad_token
     from rlft.reward.functions import make_reward_fn
 
     out = Path(spec["out_dir"])

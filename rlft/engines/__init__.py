@@ -4,6 +4,11 @@ Every backend implements :class:`RolloutEngine` with vLLM's sampling semantics (
 :class:`SamplingSpec`) and is one :class:`Backend` record in :data:`BACKENDS` here, which says how
 to build it and what the launch needs to know about it; ``make_engine`` builds the one a config
 names.  The config, the rank start-up, ``rlft.evaluate`` and the bench read these records.
+
+    base.py         RolloutEngine, SamplingSpec, Completion, weight checksums
+    hf_engine.py    HF ``generate`` (any device; the tests' fast path)
+    vllm_engine.py  vLLM in its own process, weights updated in place
+    vllm_worker.py  the worker extension inside vLLM's process that takes the weights
 """
 
 from __future__ import annotations

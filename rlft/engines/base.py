@@ -14,9 +14,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-from rlft.config_schema import SamplingConfig, check_sampling_ranges
+from typing import TYPE_CHECKING, Callable
 
 # torch is imported by the functions that use it: rlft.engines' records (`BACKENDS`), which the launch's
 # config checks read, load without it.
@@ -32,7 +30,32 @@ class EngineUnavailable(RuntimeError):
     """The requested backend cannot be used here (not installed, unsupported version, ...)."""
 
 
-_DEFAULTS = SamplingConfig()
+# The sampling parameters' ranges, checked in one place for the config (sampling.*), the engines
+# (SamplingSpec below, whose defaults are the config's sampling.*) and python -m rlft.evaluate.
+SAMPLING_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "temperature": (lambda v: v >= 0, "must be >= 0"),
+    "top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "max_tokens": (lambda v: v >= 1, "must be >= 1"),
+    "repetition_penalty": (lambda v: v > 0, "must be > 0"),
+    "n": (lambda v: v >= 1, "must be >= 1"),
+}
+
+
+def check_sampling_ranges(values: dict[str, float], label: Callable[[str], str] = str) -> None:
+    """Raise ``ValueError("<label(name)>: <rule>, got <value>")`` for the first value out of its
+    range; ``min_tokens`` must lie between 0 and ``max_tokens`` when both are given.  ``values`` are
+    keyed by the parameter's name (:data:`SAMPLING_RANGES`); ``label`` names it as the caller's
+    user knows it (``sampling.top_p``, ``--top-p``)."""
+    for name, value in values.items():
+        if name == "min_tokens":
+            top = values.get("max_tokens")
+            if not 0 <= value <= (value if top is None else top):
+                raise ValueError(f"{label(name)}: must be between 0 and {label('max_tokens')} ({top}), got {value}")
+            continue
+        ok, rule = SAMPLING_RANGES[name]
+        if not ok(value):
+            raise ValueError(f"{label(name)}: {rule}, got {value}")
+
 
 
 @dataclass
@@ -53,15 +76,15 @@ class SamplingSpec:
     * ``logprobs``: return each sampled token's log-prob (``Completion.logprobs``), see there.
     """
 
-    # Defaults and ranges: the config's (rlft.config_schema.SamplingConfig, check_sampling_ranges).
-    temperature: float = _DEFAULTS.temperature
-    top_p: float = _DEFAULTS.top_p
-    min_tokens: int = _DEFAULTS.min_tokens
-    max_tokens: int = _DEFAULTS.max_tokens
+    # The defaults of the config's sampling.* too (rlft.config.schema.SamplingConfig reads them here).
+    temperature: float = 1.0
+    top_p: float = 1.0
+    min_tokens: int = 4
+    max_tokens: int = 1024
     # The config leaves stop to the answer format; the engines' default is the default format's (r1_tags).
-    stop: list[str] = field(default_factory=lambda: list(_DEFAULTS.stop) if _DEFAULTS.stop is not None else ["</answer>"])
-    include_stop_str_in_output: bool = _DEFAULTS.include_stop_str_in_output
-    repetition_penalty: float = _DEFAULTS.repetition_penalty
+    stop: list[str] = field(default_factory=lambda: ["</answer>"])
+    include_stop_str_in_output: bool = True
+    repetition_penalty: float = 1.1
     n: int = 1
     seed: int | None = None
     logprobs: bool = True
@@ -79,9 +102,10 @@ class SamplingSpec:
         return self.temperature == 0
 
 
-def sampling_spec(cfg: SamplingConfig, *, n: int, seed: int | None, evaluation: bool = False,
+def sampling_spec(cfg, *, n: int, seed: int | None, evaluation: bool = False,
                   logprobs: bool = False) -> SamplingSpec:
-    """The engine's sampling parameters from the run's `sampling` section (evaluation: greedy by default);
+    """The engine's sampling parameters from the run's `sampling` section (`rlft.config.schema.SamplingConfig`;
+    evaluation: greedy by default);
     `logprobs`: ask for each sampled token's log-prob (it slows vLLM's sampling 2.3x, so only where read)."""
     return SamplingSpec(
         temperature=cfg.eval_temperature if evaluation else cfg.temperature,

@@ -7,7 +7,7 @@ the config checks and warnings read (never the names).
     AGGREGATION_MODES     grpo.aggregation            (rlft.grpo.reductions.aggregate_loss)
     ROLLOUT_IS_MODES      grpo.rollout_is             (rlft.grpo.rollout_correction)
 
-Nothing here imports torch: `rlft.launch_plan` checks a config before any rank starts without loading
+Nothing here imports torch: `rlft.config.launch_plan` checks a config before any rank starts without loading
 it.  A record's function is written with its maths (`losses.py`, `advantages.py`, `kl.py`) and attached
 to the record by name there, through that module's :class:`Implementations`; a new choice is its record
 here plus its function there.
@@ -111,7 +111,7 @@ class Implementations(dict):
     def register(self, record) -> Callable[[F], F]:
         """Decorator adding ``record`` to the records, with the function as its own: a choice that is
         not one of rlft's own (a test's, say), known wherever the module registering it is imported,
-        so not to `rlft.launch_plan`."""
+        so not to `rlft.config.launch_plan`."""
 
         def add(fn: F) -> F:
             if record.name in self.records:

@@ -24,9 +24,13 @@ Weights move in and out under HF names (``model.embed_tokens.weight``, ``model.l
 needs, :func:`export_hf_state_dict` gives a stage's parameters under those names, so that the stages'
 exports merge into a state dict ``from_pretrained`` accepts, or stream into a sampler.
 
-Modules: ``stages.py`` (partition and stage layers), ``token_logprobs.py`` (log-probs over the
-vocabulary in chunks), ``module.py`` (:class:`PolicyPipeline`, feeding the engine), ``weights.py``
-(HF names in and out).
+Modules:
+
+    stages.py          partition and stage layers
+    token_logprobs.py  log-probs over the vocabulary in chunks
+    module.py          PolicyPipeline, feeding the DeepSpeed engine
+    weights.py         HF names in and out
+    lora.py            LoRA adapters on the pipeline's layers, merged for export and sync
 """
 
 from rlft.pipeline.module import PolicyPipeline, build_policy_pipeline, pipeline_batch_iter, pipeline_logprobs

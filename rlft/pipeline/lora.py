@@ -40,7 +40,7 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 def peft_lora_config(settings):
-    """``model.lora`` settings (:class:`rlft.config_schema.LoRAConfig`) -> ``peft.LoraConfig``."""
+    """``model.lora`` settings (:class:`rlft.config.schema.LoRAConfig`) -> ``peft.LoraConfig``."""
     from peft import LoraConfig
 
     return LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,

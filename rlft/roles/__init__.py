@@ -9,8 +9,9 @@
       batch_queue.py     BatchQueue: batches collected ahead (asynchronous rollouts), their age
     reference.py   ReferenceModel: the frozen starting policy's log-probs of a batch
     evaluator.py   Evaluator: scores the eval split with a resident engine (the evaluation itself
-                   is the library rlft.scoring, which python -m rlft.evaluate uses too)
+                   is the library rlft.evaluate.scoring, which python -m rlft.evaluate uses too)
     sft_data.py    SFTFeeder: SFT's data role, tokenised (prompt, target) batches
+    update_guard.py  the policy's guard against a non-finite update: skipped steps, their count
 
 Roles know nothing of ranks or the bridge: the trainers' steps move their results between ranks.
 """

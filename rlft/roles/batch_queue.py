@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
-from rlft.batch import RolloutBatch
+from rlft.batching.batch import RolloutBatch
 from rlft.config import ScheduleConfig
 
 Timer = Callable[[str], AbstractContextManager]

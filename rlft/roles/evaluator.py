@@ -1,5 +1,5 @@
 """The evaluator role: scores the run's eval split with a resident engine during training (the
-evaluation itself: :mod:`rlft.scoring`)."""
+evaluation itself: :mod:`rlft.evaluate.scoring`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +8,7 @@ from rlft.config import ConfigError, RunConfig
 from rlft.engines.base import RolloutEngine, sampling_spec
 from rlft.data import load_examples
 from rlft.prompts import drop_long_prompts, prompt_of
-from rlft.scoring import evaluate, write_results
+from rlft.evaluate.scoring import evaluate, write_results
 
 
 class Evaluator:

@@ -15,15 +15,15 @@ import torch
 from transformers import AutoConfig
 
 from rlft.common import log
-from rlft.batch import Labels, RolloutBatch, used_width
+from rlft.batching.batch import Labels, RolloutBatch, used_width
 from rlft.config import RunConfig
-from rlft.micro_batches import fixed_micro_batches, row_widths, token_budget_micro_batches
+from rlft.batching.micro_batches import fixed_micro_batches, row_widths, token_budget_micro_batches
 from rlft.objectives import Objective
 from rlft.pipeline import (build_policy_pipeline, compile_decoder_layers, export_hf_state_dict, load_hf_weights,
                            pipeline_logprobs)
 from rlft.roles.reference import reference_is_policy_base
 from rlft.roles.update_guard import GuardedAdamW, SkipNonFiniteSteps  # noqa: F401 (importable from here)
-from rlft.topology import RankRoles, check_stages_vs_layers
+from rlft.config.topology import RankRoles, check_stages_vs_layers
 
 # DeepSpeed's JSON templates: ds_configs/ at the top of a checkout, beside launch/; an installed
 # wheel carries them inside the package as rlft/ds_configs/ (setup.py maps them there).
@@ -144,7 +144,7 @@ class PolicyTrainer:
     def micro_batch_rows(self, part: RolloutBatch) -> list[torch.Tensor]:
         """The rows of each of this replica's micro-batches: `optim.train_micro_batch_size` at a time,
         or, with `optim.micro_batch_tokens`, rows of similar length under that token budget
-        (`rlft.micro_batches`).  Every stage derives the same cut from the same batch."""
+        (`rlft.batching.micro_batches`).  Every stage derives the same cut from the same batch."""
         o = self.cfg.optim
         if o.micro_batch_tokens:
             return token_budget_micro_batches(row_widths(part.attention_mask), o.micro_batch_tokens)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from rlft.batch import RolloutBatch
-from rlft.models import load_causal_lm
+from rlft.batching.batch import RolloutBatch
+from rlft.models.loading import load_causal_lm
 
 
 def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from rlft.batch import RolloutBatch, build_rollout_batch
+from rlft.batching.batch import RolloutBatch, build_rollout_batch
 from rlft.common import log
 from rlft.config import RunConfig
 from rlft.data import Example
-from rlft.dynamic_sampling import GroupPool, group_rows, informative_groups
+from rlft.batching.dynamic_sampling import GroupPool, group_rows, informative_groups
 from rlft.engines.base import RolloutEngine
 from rlft.grpo import compute_group_normalized_rewards
-from rlft.overlong import soft_overlong_penalty, truncated_rows
+from rlft.batching.overlong import soft_overlong_penalty, truncated_rows
 from rlft.roles.batch_queue import BatchQueue, Timer, untimed
 from rlft.roles.generation import GRADER_COUNTERS, Rollout, RolloutGenerator
 from rlft.roles.prompt_source import PromptSource
@@ -61,7 +61,7 @@ class RolloutWorker:
         Without dynamic sampling this is one round: the next prompts, `group_size` responses each.
         With `grpo.dynamic_sampling`, rounds of fresh prompts follow until the batch holds its
         number of groups with differing rewards (at most `grpo.max_sampling_rounds` rounds); the
-        batch always has the configured size (see `rlft.dynamic_sampling`).
+        batch always has the configured size (see `rlft.batching.dynamic_sampling`).
         """
         cfg, g = self.cfg, self.cfg.grpo
         rounds = g.max_sampling_rounds if g.dynamic_sampling else 1
@@ -126,7 +126,7 @@ class RolloutWorker:
         return batch, reward_stats
 
     def overlong_penalties(self, rollout: Rollout) -> torch.Tensor:
-        """`[B]` DAPO's soft overlong penalty of each response (`rlft.overlong`)."""
+        """`[B]` DAPO's soft overlong penalty of each response (`rlft.batching.overlong`)."""
         g = self.cfg.grpo
         lengths = torch.tensor([len(ids) for ids in rollout.response_ids])
         return soft_overlong_penalty(lengths, self.cfg.sampling.max_tokens, g.overlong_buffer, g.overlong_penalty)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from rlft.batch import RolloutBatch, tokenize_prompt_and_output
+from rlft.batching.batch import RolloutBatch, tokenize_prompt_and_output
 from rlft.common import log
 from rlft.config import ConfigError, RunConfig
 from rlft.data import PromptSampler, load_examples
@@ -38,7 +38,7 @@ def build_sft_data(examples, tokenizer, *, template: str | Prompt = "r1_zero", m
                    chunk_size: int = 1024, end_with_eos: bool = False) -> SFTData:
     """Rewrite `rlft.data.Example`s into SFT pairs, dropping (and counting) unusable ones.
 
-    Token counts are those `rlft.batch.tokenize_prompt_and_output` will produce: the prompt
+    Token counts are those `rlft.batching.batch.tokenize_prompt_and_output` will produce: the prompt
     tokenised with the tokenizer's special tokens (only what its attention mask keeps), the target
     without, plus its eos with `end_with_eos`.  A pair is kept when prompt + target tokens <= `max_seq_len`.
     """

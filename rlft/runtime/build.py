@@ -103,7 +103,7 @@ def check_prompt_fits_tokenizer(ctx: RankContext) -> None:
 def prompt_limit(cfg: RunConfig, model_path: str, *, evaluation: bool) -> int | None:
     """The longest prompt that leaves room for the response budget (`sampling.max_tokens`, or the
     evaluation's) in the model's positions and `sampling.vllm.max_model_len`."""
-    from rlft.models import context_length
+    from rlft.models.loading import context_length
     from rlft.prompts import prompt_token_limit
 
     s = cfg.sampling
@@ -132,7 +132,7 @@ def check_cpu_kv_cache(cfg: RunConfig, model_path: str, dtype: str) -> None:
     """vLLM on CPU gets a fixed KV cache (`sampling.vllm.kv_cache_memory_bytes`, 256 MiB unless set)
     and refuses to start when one sequence of `max_model_len` (by default the model's whole context)
     does not fit; say so in one line, with the settings that fix it, instead of vLLM's failed start."""
-    from rlft.models import context_length, load_hf_config
+    from rlft.models.loading import context_length, load_hf_config
 
     v = cfg.sampling.vllm
     c = load_hf_config(model_path)

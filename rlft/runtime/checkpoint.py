@@ -11,7 +11,8 @@
 A checkpoint is written into `.step_000010.tmp/` and renamed to `step_000010/` only after every rank
 has finished writing, so a crash mid-save never leaves a directory that looks complete.
 `save_checkpoint` and `resume_checkpoint` are what every rank calls; the rest is the layout.
-`resume_point`, which `rlft.launch_plan` calls before any rank starts, needs neither torch nor numpy:
+The layout is read by `rlft.config.resume_rules` (`resume_point`, which `rlft.config.launch_plan` calls
+before any rank starts); this module needs neither torch nor numpy at import:
 they are imported by the functions that write and read tensors.
 """
 from __future__ import annotations
@@ -20,15 +21,26 @@ import errno
 import json
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlft.common import log
-from rlft.config import CHECKPOINT_STATE_FILE, ConfigError
-from rlft.models import load_hf_config
-from rlft.runtime.resume_rules import check_fresh_start, check_settings_unchanged, run_settings
+from rlft.config.resume_rules import (  # the checkpoints' layout, read before any rank starts (torch-free)
+    STATE_FILE,
+    checkpoint_root,
+    checkpoint_step,
+    complete_checkpoints,
+    latest_checkpoint,
+    policy_layout,
+    read_json,
+    read_state,
+    resume_point,
+    run_settings,
+    step_dir,
+    tmp_step_dir,
+)
+from rlft.models.loading import load_hf_config
 
 if TYPE_CHECKING:
     import torch
@@ -39,48 +51,8 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written; the message names it and the cause."""
 
 
-STATE_FILE = CHECKPOINT_STATE_FILE
 FINAL_STATE_FILE = "rlft_state.json"
 ADAPTER_DIR = "adapter"  # with LoRA: hf/adapter/ (and OUT/model/adapter/), for PeftModel.from_pretrained
-_STEP_RE = re.compile(r"^step_(\d+)$")
-
-
-def checkpoint_root(out_dir: str | Path) -> Path:
-    return Path(out_dir) / "checkpoints"
-
-
-def step_dir(out_dir: str | Path, step: int) -> Path:
-    return checkpoint_root(out_dir) / f"step_{step:06d}"
-
-
-def tmp_step_dir(out_dir: str | Path, step: int) -> Path:
-    return checkpoint_root(out_dir) / f".step_{step:06d}.tmp"
-
-
-def complete_checkpoints(out_dir: str | Path) -> list[Path]:
-    root = checkpoint_root(out_dir)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if _STEP_RE.match(p.name) and (p / STATE_FILE).is_file()]
-    return sorted(found, key=lambda p: int(_STEP_RE.match(p.name).group(1)))
-
-
-def checkpoint_step(ckpt: Path) -> int:
-    """The step a checkpoint directory (``step_000010``) holds."""
-    return int(_STEP_RE.match(Path(ckpt).name).group(1))
-
-
-def latest_checkpoint(out_dir: str | Path) -> Path | None:
-    found = complete_checkpoints(out_dir)
-    return found[-1] if found else None
-
-
-def read_state(ckpt: str | Path) -> dict:
-    return read_json(Path(ckpt) / STATE_FILE)
-
-
-def read_json(path: str | Path) -> dict:
-    return json.loads(Path(path).read_text())
 
 
 def write_json_atomic(path: str | Path, data: dict) -> None:
@@ -318,54 +290,3 @@ def resume_checkpoint(ctx: RankContext) -> int:
         log.info("resuming %sfrom %s (step %d)", "the weights only (a fresh optimizer) " if weights_only else "",
                  path, state["step"])
     return int(state["step"])
-
-
-def resume_point(cfg) -> tuple[Path | None, bool]:
-    """The checkpoint `output.resume` names (None: a fresh start) and whether only its policy
-    weights are resumed: on request (`output.resume_weights_only`).  A checkpoint written by another
-    policy layout, whose DeepSpeed state this launch cannot load, is refused with a ConfigError
-    saying so, unless only its weights are asked for; so are a checkpoint written with other
-    settings that cannot change on resume, and `never` in a directory another run has used
-    (`rlft.runtime.resume_rules`)."""
-    if cfg.output.resume == "never":
-        check_fresh_start(cfg)
-        return None, False
-    path = latest_checkpoint(cfg.output.dir) if cfg.output.resume == "auto" else Path(cfg.output.resume)
-    if path is None:
-        return None, False
-    if not (path / STATE_FILE).is_file():
-        raise ConfigError(f"output.resume: {path} is not a complete rlft checkpoint (no {STATE_FILE})")
-    check_settings_unchanged(read_state(path).get("settings"), cfg, path)
-    if cfg.output.resume_weights_only:
-        return path, True
-    saved, now = saved_layout(path), policy_layout(cfg)
-    if saved is not None and saved != now:
-        raise ConfigError(
-            f"output.resume: {path} was written by a policy of {_layout_words(saved)}, this launch has "
-            f"{_layout_words(now)}; DeepSpeed's state (optimizer partitions, stage files) cannot move between "
-            f"layouts. Set output.resume_weights_only=true to continue from its weights with a fresh optimizer, "
-            f"or launch with its topology")
-    return path, False
-
-
-def policy_layout(cfg) -> dict:
-    """What a checkpoint's DeepSpeed state depends on: pipeline stages and data-parallel replicas."""
-    t = cfg.topology
-    return {"pipeline_stages": t.pipeline_stages, "replicas": len(t.policy_ranks) // t.pipeline_stages}
-
-
-def saved_layout(ckpt: Path) -> dict | None:
-    """The policy layout that wrote `ckpt`: recorded in its state, or read from DeepSpeed's file
-    names (mp_rank_SS_model_states.pt per stage, zero_pp_rank_R_mp_rank_SS_optim_states.pt per replica)."""
-    recorded = read_state(ckpt).get("layout")
-    if recorded:
-        return recorded
-    ds = ckpt / "deepspeed"
-    stages = len(list(ds.glob("mp_rank_*_model_states.pt")))
-    replicas = len(list(ds.glob("zero_pp_rank_*_mp_rank_00_optim_states.pt")))
-    return {"pipeline_stages": stages, "replicas": replicas} if stages and replicas else None
-
-
-def _layout_words(layout: dict) -> str:
-    s, r = layout["pipeline_stages"], layout["replicas"]
-    return f"{s} pipeline stage{'s' * (s != 1)} x {r} replica{'s' * (r != 1)}"

@@ -12,7 +12,7 @@ import torch
 from rlft.common import resolve_dtype
 from rlft.config import ConfigError, RunConfig
 from rlft.runtime.bridge import Bridge
-from rlft.topology import RankRoles
+from rlft.config.topology import RankRoles
 
 if TYPE_CHECKING:  # the role modules import DeepSpeed and transformers: only where a role is built
     from rlft.engines import RolloutEngine

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from rlft.common import log, looks_like_hub_id
 from rlft.config import ConfigError, config_warnings, save_config
-from rlft.models import DEFAULT_MODEL, ModelPathError, check_model_dir, load_tokenizer, resolve_model_path
+from rlft.models.loading import DEFAULT_MODEL, ModelPathError, check_model_dir, load_tokenizer, resolve_model_path
 from rlft.runtime.checkpoint import finished_model
 from rlft.runtime.context import RankContext
 

@@ -8,7 +8,7 @@ launcher did not pass them on.
 
 Ranks fill the nodes in order: with `per_node = world / topology.nodes`, node n holds ranks
 [n * per_node, (n + 1) * per_node) as local ranks 0 .. per_node - 1.  The local rank picks the GPU;
-the global rank picks the roles (rlft.topology) and the rank on the bridge.
+the global rank picks the roles (rlft.config.topology) and the rank on the bridge.
 """
 from __future__ import annotations
 

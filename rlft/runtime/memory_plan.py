@@ -29,7 +29,7 @@ def count_parameters(model_path: str) -> int:
     """The model's parameter count (shared tensors once), from a copy built on the meta device."""
     from transformers import AutoModelForCausalLM
 
-    from rlft.models import load_hf_config
+    from rlft.models.loading import load_hf_config
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(load_hf_config(model_path))
@@ -41,7 +41,7 @@ def lora_parameters(model_path: str, lora) -> int:
     the decoder layers, counted on a copy built on the meta device."""
     from transformers import AutoModelForCausalLM
 
-    from rlft.models import load_hf_config
+    from rlft.models.loading import load_hf_config
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(load_hf_config(model_path))

@@ -21,11 +21,11 @@ from rlft.runtime.bridge import Bridge, process_state
 from rlft.runtime.checkpoint import CheckpointError, checkpoint_root, remove_partial_writes
 from rlft.runtime.context import RankContext, choose_device
 from rlft.runtime.launcher_env import adopt_launcher_env, check_placement
-from rlft.runtime.outdir_lock import OutputDirInUse, OutputDirLock, describe_holder
+from rlft.config.outdir_lock import OutputDirInUse, OutputDirLock, describe_holder
 from rlft.runtime.reporting import setup_logging
 from rlft.runtime.sync import WeightSyncError
 from rlft.runtime.watchdog import PEER_POLL_S, Watchdog, launcher_processes
-from rlft.topology import RankRoles, roles_for_rank
+from rlft.config.topology import RankRoles, roles_for_rank
 
 # How a collective fails on the survivors when another rank died (the launcher then stops them all),
 # or when one did not answer within the wait bound (topology.collective_timeout_minutes).
@@ -130,7 +130,7 @@ def out_of_memory_message(ctx: RankContext, error: BaseException) -> str:
 
 
 def hold_output_dir(ctx: RankContext) -> None:
-    """Rank 0 locks OUT for the launch's life (rlft.runtime.outdir_lock), taking over a stale lock
+    """Rank 0 locks OUT for the launch's life (rlft.config.outdir_lock), taking over a stale lock
     and removing what an interrupted save left behind.  When a running launch holds it, rank 0
     names that launch and every rank exits with status 2."""
     refusal = None

@@ -6,7 +6,7 @@ import time
 
 from rlft.engines.base import named_weights_checksum
 from rlft.runtime.context import RankContext
-from rlft.topology import policy_rank_of
+from rlft.config.topology import policy_rank_of
 
 SYNC_TAG = 100  # + stage: one point-to-point stream per pipeline stage
 # How far the engine's checksums may stray from the policy's, relative to the policy's absolute sum.

@@ -1,6 +1,6 @@
 """What launch/*.sh needs to start a run: validates the config and prints the launch plan.
 
-    python -m rlft.launch_plan --config X.yaml [--gpus-available N] [key=value ...]
+    python -m rlft.config.launch_plan --config X.yaml [--gpus-available N] [key=value ...]
 
 prints shell assignments that `launch/_launch.sh` evaluates:
 
@@ -18,7 +18,7 @@ launchers, or `no_ssh`, one launch per node with its `topology.node_rank`.  Rank
 order, `world / nodes` per node: node n holds ranks [n * per_node, (n + 1) * per_node).
 
 Exit status 2 with one line on stderr for any config mistake, before anything is launched.  Nothing
-it runs (the config's checks, `rlft.preflight`'s) imports torch, transformers, deepspeed or numpy, so
+it runs (the config's checks, `rlft.config.preflight`'s) imports torch, transformers, deepspeed or numpy, so
 a refusal comes in well under a second.
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ from pathlib import Path
 
 from rlft.common import free_port
 from rlft.config import ConfigError, RunConfig, TopologyConfig, load_config_or_exit
-from rlft.preflight import preflight
-from rlft.runtime.outdir_lock import OutputDirInUse
+from rlft.config.preflight import preflight
+from rlft.config.outdir_lock import OutputDirInUse
 
 DEFAULT_MULTINODE_PORT = 29500
 # DeepSpeed's MPI launchers start every slot of the hostfile and refuse --num_nodes / --num_gpus.
@@ -103,7 +103,7 @@ def _span(numbers: list[int]) -> str:
 
 def placement(cfg: RunConfig) -> list[str]:
     """One line per node: which ranks it holds and the roles they host."""
-    from rlft.topology import roles_for_rank
+    from rlft.config.topology import roles_for_rank
 
     t = cfg.topology
     per_node = cfg.world_size() // t.nodes
@@ -183,7 +183,7 @@ def check_model_layers(cfg) -> None:
     """When the starting model is a local directory, refuse a pipeline deeper than the model now."""
     import json
 
-    from rlft.topology import check_stages_vs_layers
+    from rlft.config.topology import check_stages_vs_layers
 
     config_json = Path(cfg.output.init_checkpoint or cfg.model.path) / "config.json"
     if not config_json.is_file():
@@ -194,7 +194,7 @@ def check_model_layers(cfg) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="rlft.launch_plan")
+    p = argparse.ArgumentParser(prog="rlft.config.launch_plan")
     p.add_argument("--config", required=True)
     p.add_argument("--gpus-available", type=int, default=-1, help="GPUs on this node (-1: CPU run)")
     p.add_argument("--module", default=None, help="the trainer the plan is for: rlft.train_grpo, rlft.train_sft")

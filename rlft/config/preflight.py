@@ -4,7 +4,7 @@ A run that cannot start (no starting model; an output directory a running launch
 checkpoint it cannot resume: another layout, other settings that cannot change on resume;
 `output.resume=never` in a directory another run has used) or cannot learn (a group of one under a loss that
 learns from differences within a group; fewer training rows than one step draws) is refused here,
-by `rlft.launch_plan`, with one line and exit status 2: nothing is written and no rank starts.
+by `rlft.config.launch_plan`, with one line and exit status 2: nothing is written and no rank starts.
 The ranks check the same again where only they can (rows dropped as unusable while loading).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rlft.common import looks_like_hub_id
 from rlft.config import ConfigError, RunConfig
-from rlft.models import DEFAULT_MODEL, ModelPathError, check_model_dir, default_model_gguf
+from rlft.models.loading import DEFAULT_MODEL, ModelPathError, check_model_dir, default_model_gguf
 
 
 def check_model_path(spec: str, key: str = "model.path") -> None:
@@ -61,8 +61,8 @@ def preflight(cfg: RunConfig, module: str | None) -> None:
     if module == "rlft.train_grpo":
         check_grpo_can_learn(cfg)
     if module is not None:
-        from rlft.runtime.checkpoint import resume_point
-        from rlft.runtime.outdir_lock import OutputDirLock
+        from rlft.config.resume_rules import resume_point
+        from rlft.config.outdir_lock import OutputDirLock
 
         OutputDirLock(cfg.output.dir).check_free()  # a running launch holds it (rank 0 checks again)
 

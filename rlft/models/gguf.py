@@ -1,4 +1,4 @@
-"""Reading a GGUF file once, fast, for :func:`rlft.models.convert_gguf`.
+"""Reading a GGUF file once, fast, for :func:`rlft.models.loading.convert_gguf`.
 
 transformers' GGUF loaders (config, tokenizer, weights) each open the file with
 ``gguf.GGUFReader``, which walks the metadata one element at a time through ``np.memmap``

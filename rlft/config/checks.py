@@ -1,6 +1,6 @@
 """What the schema's types cannot say: ranges, combinations of settings and the topology.
 
-``validate(cfg)`` raises a :class:`~rlft.config_schema.ConfigError` naming the key path of the first
+``validate(cfg)`` raises a :class:`~rlft.config.schema.ConfigError` naming the key path of the first
 mistake; ``config_warnings`` lists settings that run but are probably not what was meant.
 """
 from __future__ import annotations
@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 # The allowed values of the choice settings are read from each choice's records (rlft.grpo.choices,
-# rlft.overlong, rlft.engines), so a new loss, KL estimator, aggregation or backend is accepted as soon
-# as it is recorded there.  None of them imports torch: rlft.launch_plan checks a config without it.
+# rlft.batching.overlong, rlft.engines), so a new loss, KL estimator, aggregation or backend is accepted as soon
+# as it is recorded there.  None of them imports torch: rlft.config.launch_plan checks a config without it.
 from rlft.common import DTYPE_CHOICES
-from rlft import config_schema as schema
-from rlft.config_schema import (
+from rlft.config import schema
+from rlft.config.schema import (
     CHECKPOINT_STATE_FILE,
     LAUNCHERS,
     ConfigError,
@@ -25,7 +25,7 @@ from rlft.config_schema import (
 )
 from rlft.engines import backend_choices
 from rlft.grpo import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
-from rlft.overlong import OVERLONG_MODES
+from rlft.batching.overlong import OVERLONG_MODES
 
 
 def _require(ok: bool, message: str) -> None:
@@ -309,7 +309,7 @@ def check_topology(t: TopologyConfig) -> None:
 
 
 def check_nodes(t: TopologyConfig) -> None:
-    """The multi-node settings; the hostfile itself is checked where it is read (rlft.launch_plan)."""
+    """The multi-node settings; the hostfile itself is checked where it is read (rlft.config.launch_plan)."""
     _require(t.launcher in LAUNCHERS, f"topology.launcher: must be one of {', '.join(LAUNCHERS)}, got '{t.launcher}'")
     _require(t.master_port is None or 0 < t.master_port < 65536,
              f"topology.master_port: must be a TCP port (1-65535) or null, got {t.master_port}")

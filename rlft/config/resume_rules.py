@@ -12,9 +12,14 @@
 """
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
-from rlft.config import ConfigError
+from rlft.config.schema import CHECKPOINT_STATE_FILE, ConfigError
+
+STATE_FILE = CHECKPOINT_STATE_FILE
+_STEP_RE = re.compile(r"^step_(\d+)$")
 
 FIXED_ON_RESUME = (
     "seed", "model.path", "output.init_checkpoint", "data.source", "data.train_split", "data.train_size",
@@ -80,3 +85,95 @@ def check_fresh_start(cfg) -> None:
             f"output.resume: never starts a fresh run, but output.dir {cfg.output.dir} holds another run's "
             f"{', '.join(used)}, which the new run would prune, resume or mix with its own; choose another "
             f"output.dir, move those away, or continue that run with output.resume=auto")
+
+
+# ------------------------------------------------------------------ the checkpoints of an output directory
+
+
+def checkpoint_root(out_dir: str | Path) -> Path:
+    return Path(out_dir) / "checkpoints"
+
+
+def step_dir(out_dir: str | Path, step: int) -> Path:
+    return checkpoint_root(out_dir) / f"step_{step:06d}"
+
+
+def tmp_step_dir(out_dir: str | Path, step: int) -> Path:
+    return checkpoint_root(out_dir) / f".step_{step:06d}.tmp"
+
+
+def complete_checkpoints(out_dir: str | Path) -> list[Path]:
+    root = checkpoint_root(out_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _STEP_RE.match(p.name) and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: int(_STEP_RE.match(p.name).group(1)))
+
+
+def checkpoint_step(ckpt: Path) -> int:
+    """The step a checkpoint directory (``step_000010``) holds."""
+    return int(_STEP_RE.match(Path(ckpt).name).group(1))
+
+
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    found = complete_checkpoints(out_dir)
+    return found[-1] if found else None
+
+
+def read_state(ckpt: str | Path) -> dict:
+    return read_json(Path(ckpt) / STATE_FILE)
+
+
+def read_json(path: str | Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def resume_point(cfg) -> tuple[Path | None, bool]:
+    """The checkpoint `output.resume` names (None: a fresh start) and whether only its policy
+    weights are resumed: on request (`output.resume_weights_only`).  A checkpoint written by another
+    policy layout, whose DeepSpeed state this launch cannot load, is refused with a ConfigError
+    saying so, unless only its weights are asked for; so are a checkpoint written with other
+    settings that cannot change on resume, and `never` in a directory another run has used
+    (`rlft.config.resume_rules`)."""
+    if cfg.output.resume == "never":
+        check_fresh_start(cfg)
+        return None, False
+    path = latest_checkpoint(cfg.output.dir) if cfg.output.resume == "auto" else Path(cfg.output.resume)
+    if path is None:
+        return None, False
+    if not (path / STATE_FILE).is_file():
+        raise ConfigError(f"output.resume: {path} is not a complete rlft checkpoint (no {STATE_FILE})")
+    check_settings_unchanged(read_state(path).get("settings"), cfg, path)
+    if cfg.output.resume_weights_only:
+        return path, True
+    saved, now = saved_layout(path), policy_layout(cfg)
+    if saved is not None and saved != now:
+        raise ConfigError(
+            f"output.resume: {path} was written by a policy of {_layout_words(saved)}, this launch has "
+            f"{_layout_words(now)}; DeepSpeed's state (optimizer partitions, stage files) cannot move between "
+            f"layouts. Set output.resume_weights_only=true to continue from its weights with a fresh optimizer, "
+            f"or launch with its topology")
+    return path, False
+
+
+def policy_layout(cfg) -> dict:
+    """What a checkpoint's DeepSpeed state depends on: pipeline stages and data-parallel replicas."""
+    t = cfg.topology
+    return {"pipeline_stages": t.pipeline_stages, "replicas": len(t.policy_ranks) // t.pipeline_stages}
+
+
+def saved_layout(ckpt: Path) -> dict | None:
+    """The policy layout that wrote `ckpt`: recorded in its state, or read from DeepSpeed's file
+    names (mp_rank_SS_model_states.pt per stage, zero_pp_rank_R_mp_rank_SS_optim_states.pt per replica)."""
+    recorded = read_state(ckpt).get("layout")
+    if recorded:
+        return recorded
+    ds = ckpt / "deepspeed"
+    stages = len(list(ds.glob("mp_rank_*_model_states.pt")))
+    replicas = len(list(ds.glob("zero_pp_rank_*_mp_rank_00_optim_states.pt")))
+    return {"pipeline_stages": stages, "replicas": replicas} if stages and replicas else None
+
+
+def _layout_words(layout: dict) -> str:
+    s, r = layout["pipeline_stages"], layout["replicas"]
+    return f"{s} pipeline stage{'s' * (s != 1)} x {r} replica{'s' * (r != 1)}"

@@ -1,7 +1,7 @@
 """How a replica's rows are cut into pipeline micro-batches: a fixed number of rows each, or rows of
 similar length together under a token budget.
 
-A micro-batch is padded to its longest row (`rlft.batch.used_width`), so a fixed row count wastes
+A micro-batch is padded to its longest row (`rlft.batching.batch.used_width`), so a fixed row count wastes
 compute on padding wherever short and long responses share a micro-batch.  With a token budget the
 rows are sorted by length, longest first, and each micro-batch takes the next rows while
 rows x (its longest row) stays within the budget: similar lengths share a micro-batch, and short

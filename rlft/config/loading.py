@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 
 from rlft.common import say_line
-from rlft.config_checks import check_nodes, check_topology, config_warnings, validate
-from rlft.config_schema import (
+from rlft.config.checks import check_nodes, check_topology, config_warnings, validate
+from rlft.config.schema import (
     CHECKPOINT_STATE_FILE,
     LAUNCHERS,
     ConfigError,

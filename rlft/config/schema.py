@@ -1,27 +1,25 @@
 """The run configuration's schema: one dataclass per section, with named defaults a person can
-scan.  Loading and overrides: :mod:`rlft.config`; the checks across fields: :mod:`rlft.config_checks`.
+scan.  Loading and overrides: :mod:`rlft.config`; the checks across fields: :mod:`rlft.config.checks`.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable
 
+from rlft.engines.base import SamplingSpec, check_sampling_ranges  # noqa: F401  (the ranges, re-exported)
+
+_SPEC = SamplingSpec()  # the engines' sampling defaults are the config's
 
 # DeepSpeed's multi-node launchers (`deepspeed --launcher`), and its per-node mode without ssh.
 LAUNCHERS = ("pdsh", "slurm", "openmpi", "mpich", "impi", "mvapich", "no_ssh")
 
-
 class ConfigError(ValueError):
     """A configuration mistake; the message names the key path."""
-
 
 # What marks a complete checkpoint directory (written last; rlft.runtime.checkpoint.STATE_FILE).
 CHECKPOINT_STATE_FILE = "trainer_state.json"
 
-
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
 
 @dataclass
 class LoRAConfig:
@@ -44,7 +42,6 @@ class LoRAConfig:
             raise ConfigError(f"model.lora.target_modules: must be a non-empty list of module names "
                               f"(e.g. {', '.join(LORA_TARGETS)}), got {self.target_modules!r}")
 
-
 @dataclass
 class ModelConfig:
     path: str = "smollm2-135m-instruct"  # HF hub id, local HF directory, .gguf file, or the offline default
@@ -57,7 +54,6 @@ class ModelConfig:
     compile_layers: bool = False
     padding_side: str = "right"  # how rollout batches are padded for the policy: right | left
     lora: LoRAConfig = field(default_factory=LoRAConfig)
-
 
 @dataclass
 class DataConfig:
@@ -76,7 +72,6 @@ class DataConfig:
     prompt_messages: list[dict[str, str]] | None = None
     shuffle: bool = True
 
-
 @dataclass
 class VLLMConfig:
     gpu_memory_utilization: float = 0.85
@@ -91,50 +86,21 @@ class VLLMConfig:
         """Whether the engine runs eagerly (`enforce_eager`, or its default for the device)."""
         return not on_gpu if self.enforce_eager is None else self.enforce_eager
 
-
-# The sampling parameters' ranges, checked in one place for the config (sampling.*), the engines
-# (SamplingSpec, which takes its defaults from SamplingConfig below) and python -m rlft.evaluate.
-SAMPLING_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
-    "temperature": (lambda v: v >= 0, "must be >= 0"),
-    "top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
-    "max_tokens": (lambda v: v >= 1, "must be >= 1"),
-    "repetition_penalty": (lambda v: v > 0, "must be > 0"),
-    "n": (lambda v: v >= 1, "must be >= 1"),
-}
-
-
-def check_sampling_ranges(values: dict[str, float], label: Callable[[str], str] = str) -> None:
-    """Raise ``ValueError("<label(name)>: <rule>, got <value>")`` for the first value out of its
-    range; ``min_tokens`` must lie between 0 and ``max_tokens`` when both are given.  ``values`` are
-    keyed by the parameter's name (:data:`SAMPLING_RANGES`); ``label`` names it as the caller's
-    user knows it (``sampling.top_p``, ``--top-p``)."""
-    for name, value in values.items():
-        if name == "min_tokens":
-            top = values.get("max_tokens")
-            if not 0 <= value <= (value if top is None else top):
-                raise ValueError(f"{label(name)}: must be between 0 and {label('max_tokens')} ({top}), got {value}")
-            continue
-        ok, rule = SAMPLING_RANGES[name]
-        if not ok(value):
-            raise ValueError(f"{label(name)}: {rule}, got {value}")
-
-
 @dataclass
 class SamplingConfig:
-    # The engines' sampling parameters (vLLM's semantics: rlft.engines.base.SamplingSpec, whose
-    # defaults are these), then what only the run needs.
+    # The engines' sampling parameters (vLLM's semantics, and the defaults of
+    # rlft.engines.base.SamplingSpec), then what only the run needs.
     backend: str = "auto"  # auto picks vLLM when it is installed and supported
-    temperature: float = 1.0
-    top_p: float = 1.0
-    min_tokens: int = 4
-    max_tokens: int = 1024
+    temperature: float = _SPEC.temperature
+    top_p: float = _SPEC.top_p
+    min_tokens: int = _SPEC.min_tokens
+    max_tokens: int = _SPEC.max_tokens
     stop: list[str] | None = None  # null = the answer format's (r1_tags: </answer>; boxed, gsm8k: none)
-    include_stop_str_in_output: bool = True
-    repetition_penalty: float = 1.1
+    include_stop_str_in_output: bool = _SPEC.include_stop_str_in_output
+    repetition_penalty: float = _SPEC.repetition_penalty
     eval_temperature: float = 0.0  # evaluation is greedy by default
     eval_max_tokens: int | None = None  # None = max_tokens
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
-
 
 @dataclass
 class GRPOConfig:
@@ -193,7 +159,6 @@ class GRPOConfig:
         every = self.mismatch_metrics_every
         return self.loss_reads_sampler_logprobs(max_staleness) or (every > 0 and (step - 1) % every == 0)
 
-
 @dataclass
 class RewardConfig:
     fn: str = "rlft.reward.grader:r1_zero_reward_fn"  # the built-in grader: 1 = right format and answer
@@ -202,7 +167,6 @@ class RewardConfig:
     answer_format: str = "r1_tags"
     format_weight: float = 0.0  # shaping: + weight x format reward (0 = the original reward)
     timeout_s: float = 1.0  # per response: a check that takes longer scores 0 and is counted
-
 
 @dataclass
 class OptimConfig:
@@ -216,7 +180,7 @@ class OptimConfig:
     rollout_batch_size: int = 256  # responses per step = prompts per step * group_size
     train_micro_batch_size: int = 2  # sequences per pipeline micro-batch
     # > 0: micro-batches by a token budget instead (rows sorted by length, rows x longest row <= this
-    # many tokens each; see rlft/micro_batches.py); 0 = train_micro_batch_size rows each.
+    # many tokens each; see rlft/batching/micro_batches.py); 0 = train_micro_batch_size rows each.
     micro_batch_tokens: int = 0
     # A step whose loss or gradient is not finite skips its update; this many in a row stop the run
     # (exit status 1, no checkpoint of those steps, no model/ export).
@@ -225,7 +189,6 @@ class OptimConfig:
     # in one step is rolled back and counts as such a step (0 = no rollback; the rollback keeps a
     # copy of the weights and optimizer state during each step).
     divergence_factor: float = 10.0
-
 
 @dataclass
 class ScheduleConfig:
@@ -246,7 +209,6 @@ class ScheduleConfig:
     # Steps to run under torch's profiler (e.g. [3]): every rank writes OUT/profile/step<N>_rank<R>.txt,
     # the operators and kernels that took its time.  The profiler slows the step it watches.
     profile_steps: list[int] = field(default_factory=list)
-
 
 @dataclass
 class TopologyConfig:
@@ -273,7 +235,6 @@ class TopologyConfig:
         """Ranks of one launch: every rank up to the highest one named."""
         return max([*self.policy_ranks, self.sampler_rank, self.reference_rank, self.evaluator_rank]) + 1
 
-
 @dataclass
 class OutputConfig:
     dir: str = "runs/grpo"
@@ -288,7 +249,6 @@ class OutputConfig:
     # cannot be resumed from its end)
     save_at_end: bool = True
 
-
 @dataclass
 class SFTConfig:
     # Supervised fine-tuning (rlft.train_sft). Its step count comes from here; schedule.steps is GRPO's.
@@ -300,7 +260,6 @@ class SFTConfig:
     # Each target ends with the tokenizer's eos (a chat model's end-of-turn), trained: the model learns to
     # stop after its answer.  false = the original's targets, which end at the answer's last character.
     end_with_eos: bool = True
-
 
 @dataclass
 class RunConfig:

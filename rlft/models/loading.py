@@ -165,7 +165,7 @@ def convert_gguf(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | No
     flagged as quantized and refuses to save, and (in recent transformers) GGUF loading through
     ``from_pretrained`` requires ``accelerate``. Instead a model is built on the meta device from
     the GGUF's config and the dequantised tensors become its parameters. The file is parsed once
-    for the config, the tokenizer and the weights (:mod:`rlft.gguf_reading`). The tokenizer gets a
+    for the config, the tokenizer and the weights (:mod:`rlft.models.gguf`). The tokenizer gets a
     pad token (its eos when it has none) so batching works out of the box.
     """
     from filelock import FileLock
@@ -210,7 +210,7 @@ def _convert_gguf_into(gguf_path: Path, out_dir: Path, start: float) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from rlft.gguf_reading import conversion_reading
+    from rlft.models.gguf import conversion_reading
 
     folder, name = str(gguf_path.parent), gguf_path.name
 
@@ -218,7 +218,7 @@ def _convert_gguf_into(gguf_path: Path, out_dir: Path, start: float) -> None:
         logger.info("gguf conversion [%5.1f s]: %s", time.monotonic() - start, step)
 
     progress("reading config")
-    # One parse of the file serves the config, the tokenizer and the weights (see rlft.gguf_reading).
+    # One parse of the file serves the config, the tokenizer and the weights (see rlft.models.gguf).
     with conversion_reading(gguf_path) as reader:
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
         progress("reading tokenizer")

@@ -180,7 +180,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError(f"--k must be >= 1, got {args.k}")
     if args.num_examples < 0:
         raise InputError(f"--num-examples must be >= 0 (0 = all), got {args.num_examples}")
-    from rlft.config_schema import check_sampling_ranges
+    from rlft.engines.base import check_sampling_ranges
 
     try:
         check_sampling_ranges({"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens},
@@ -272,7 +272,7 @@ def load_inputs(args: argparse.Namespace) -> tuple[str, list[tuple[DataSpec, lis
     :class:`InputError` on bad input.
     """
     from rlft.data import load_examples
-    from rlft.models import ModelPathError, resolve_model_path
+    from rlft.models.loading import ModelPathError, resolve_model_path
 
     check_args(args)
     specs = [parse_data_arg(text) for text in args.data or ["gsm8k:test"]]
@@ -309,7 +309,7 @@ def drop_long_questions(sets: list[tuple[DataSpec, list]], tokenizer, model_path
     positions (one warning per set says how many), and how many each lost.  Raises InputError when
     no prompt can fit, or a set loses every question."""
     from rlft.data import LoadResult
-    from rlft.models import context_length
+    from rlft.models.loading import context_length
     from rlft.prompts import SKIP_PROMPT_TOO_LONG, drop_long_prompts, prompt_token_limit
 
     try:
@@ -340,8 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rlft.engines import EngineUnavailable, make_engine
-    from rlft.scoring import evaluate, write_results
-    from rlft.models import load_tokenizer
+    from rlft.evaluate.scoring import evaluate, write_results
+    from rlft.models.loading import load_tokenizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     spec = build_spec(args)
@@ -392,7 +392,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"results: {results_path}")
             print(f"summary: {summary_path}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

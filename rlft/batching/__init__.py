@@ -1,0 +1,7 @@
+"""Shaping rollouts into what the policy trains on:
+
+    batch.py             RolloutBatch: prompt + response ids padded, the response mask, Labels
+    micro_batches.py     cutting a batch into micro-batches by token budget
+    dynamic_sampling.py  keeping groups whose rewards differ (rounds of sampling until the batch is full)
+    overlong.py          responses cut by max_tokens: filtered out or softly penalised
+"""

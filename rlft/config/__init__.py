@@ -1,0 +1,34 @@
+"""The run's configuration: what a YAML file and `key=value` overrides may say, and every rule about it.
+
+    loading.py       load_config / build_config / save_config: YAML + overrides -> a validated RunConfig
+    schema.py        the typed sections (dataclasses with named defaults) and ConfigError
+    checks.py        validate(): ranges and the rules across fields, read from the choices' records
+    topology.py      which rank hosts which role, from `topology:`
+    preflight.py     what can be refused before any rank starts (model path, init checkpoint, data)
+    launch_plan.py   python -m rlft.config.launch_plan: the deepspeed command a config asks for
+    resume_rules.py  the checkpoints of an output directory: which one resumes, what it may change
+    outdir_lock.py   one launch per output directory (OUT/.lock)
+
+Nothing here imports torch: the launch checks a config before any rank starts without loading it.
+`from rlft.config import RunConfig, load_config, ConfigError, ...` finds the loading, schema and
+checks names; they are loaded on first use (PEP 562), so that importing one submodule (the engines
+read `rlft.config.schema`) does not load the others.
+"""
+from __future__ import annotations
+
+import importlib
+
+__all__ = [
+    "CHECKPOINT_STATE_FILE", "LAUNCHERS", "ConfigError", "DataConfig", "GRPOConfig", "ModelConfig",
+    "OptimConfig", "OutputConfig", "RewardConfig", "RunConfig", "SFTConfig", "SamplingConfig", "ScheduleConfig",
+    "TopologyConfig", "VLLMConfig", "build_config", "check_nodes", "check_topology", "config_warnings",
+    "load_config", "load_config_or_exit", "save_config", "validate",
+]
+
+
+def __getattr__(name: str):
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module("rlft.config.loading"), name)
+    globals()[name] = value
+    return value
