@@ -3,6 +3,7 @@
     loading.py       load_config / build_config / save_config: YAML + overrides -> a validated RunConfig
     schema.py        the typed sections (dataclasses with named defaults) and ConfigError
     checks.py        validate(): ranges and the rules across fields, read from the choices' records
+    plugins.py       plugins: the user's modules, imported before the checks so their choices are known
     topology.py      which rank hosts which role, from `topology:`
     preflight.py     what can be refused before any rank starts (model path, init checkpoint, data)
     launch_plan.py   python -m rlft.config.launch_plan: the deepspeed command a config asks for

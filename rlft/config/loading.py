@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from rlft.common import say_line
+from rlft.config.plugins import load_plugins
 from rlft.config.checks import check_nodes, check_topology, config_warnings, validate
 from rlft.config.schema import (
     CHECKPOINT_STATE_FILE,
@@ -194,7 +195,9 @@ def build_config(data: dict | None = None, overrides: list[str] | tuple[str, ...
         if _is_text_type(tp) and raw not in ("", "null", "~"):
             value = raw  # YAML would read "no" as false and "010" as 8: text fields keep the text
         _set_dotted(data, keys, value)
-    return validate(_build(RunConfig, data))
+    cfg = _build(RunConfig, data)
+    cfg.plugins = load_plugins(cfg.plugins)  # before the checks: the plugins' choices become known
+    return validate(cfg)
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:

@@ -278,6 +278,9 @@ class RunConfig:
     # The policy's DeepSpeed JSON (null = ds_configs/pipeline_bf16.json or pipeline_fp32.json by dtype);
     # the values the YAML also sets (micro-batch, accumulation, clipping, checkpointing) come from the YAML.
     deepspeed_config: str | None = None
+    # The user's own modules (names or .py files), imported before the config is checked: they register
+    # losses, answer formats, engines, roles, modes (rlft.config.plugins).
+    plugins: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
