@@ -186,6 +186,7 @@ def build_rollout_batch(
     padding_side: str = "right",
     pad_to_multiple_of: Optional[int] = None,
     response_logprobs: Optional[Sequence[Sequence[float]]] = None,
+    response_token_masks: Optional[Sequence[Sequence[int]]] = None,
 ) -> RolloutBatch:
     """Pad prompt + response token ids into one batch with a response mask.
 
@@ -199,45 +200,22 @@ def build_rollout_batch(
         pad_to_multiple_of: round T up to a multiple of this (extra padding goes on the right).
         response_logprobs: B lists, one log-prob per response token (the sampler's); they become
             ``sampler_logprobs`` at the labels that score those tokens, 0 elsewhere.
+        response_token_masks: B lists, one 0/1 per response token: 1 where the model wrote the
+            token, 0 where it was inserted (a tool's result and the chat template's turn markers in a
+            multi-turn episode).  Inserted tokens stay in the sequence, so later tokens are scored
+            with them in context, but never in the response mask.  None: every token is the model's.
 
     Returns:
         A :class:`RolloutBatch` (its optional training inputs None, but ``sampler_logprobs`` when
         given): ``input_ids [B, T]``, ``attention_mask [B, T]``, ``response_mask [B, T-1]``,
-        ``prompt_lengths [B]``, ``response_lengths [B]``.
+        ``prompt_lengths [B]``, ``response_lengths [B]`` (every response token, inserted ones too).
     """
     if padding_side not in ("right", "left"):
         raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
-    if len(prompt_ids) != len(response_ids):
-        raise ValueError(
-            f"got {len(prompt_ids)} prompts but {len(response_ids)} responses; they must pair up"
-        )
-    if len(prompt_ids) == 0:
-        raise ValueError("cannot build a batch from zero prompts")
-    prompts = [_as_id_list(p, "prompt_ids", i) for i, p in enumerate(prompt_ids)]
-    responses = [_as_id_list(r, "response_ids", i) for i, r in enumerate(response_ids)]
-    for i, p in enumerate(prompts):
-        if not p:
-            raise ValueError(f"prompt_ids[{i}] is empty; every prompt needs at least one token")
-    if response_logprobs is not None:
-        if len(response_logprobs) != len(responses):
-            raise ValueError(f"got {len(response_logprobs)} lists of response_logprobs for {len(responses)} responses")
-        for i, (lp, r) in enumerate(zip(response_logprobs, responses)):
-            if len(lp) != len(r):
-                raise ValueError(f"response_logprobs[{i}] has {len(lp)} values for {len(r)} response tokens")
-
+    prompts, responses = _checked_rows(prompt_ids, response_ids, response_logprobs, response_token_masks)
     batch = len(prompts)
-    p_len = [len(p) for p in prompts]
-    r_len = [len(r) for r in responses]
-    if padding_side == "right":
-        prompt_start = [0] * batch
-        response_start = p_len
-        width = max(p + r for p, r in zip(p_len, r_len))
-    else:
-        p_max = max(p_len)
-        prompt_start = [p_max - p for p in p_len]
-        response_start = [p_max] * batch
-        width = p_max + max(r_len)
-    width = _round_up(width, pad_to_multiple_of)
+    p_len, r_len = [len(p) for p in prompts], [len(r) for r in responses]
+    prompt_start, response_start, width = _layout(p_len, r_len, padding_side, pad_to_multiple_of)
 
     input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((batch, width), dtype=torch.long)
@@ -246,12 +224,14 @@ def build_rollout_batch(
     for i in range(batch):
         a, b, c = prompt_start[i], response_start[i], response_start[i] + r_len[i]
         input_ids[i, a:b] = torch.tensor(prompts[i], dtype=torch.long)
-        if r_len[i]:
-            input_ids[i, b:c] = torch.tensor(responses[i], dtype=torch.long)
-            if sampler_logprobs is not None:  # token t is scored by label column t - 1
-                sampler_logprobs[i, b - 1:c - 1] = torch.tensor(response_logprobs[i], dtype=torch.float32)
         attention_mask[i, a:c] = 1
-        is_response[i, b:c] = True
+        if not r_len[i]:
+            continue
+        input_ids[i, b:c] = torch.tensor(responses[i], dtype=torch.long)
+        if sampler_logprobs is not None:  # token t is scored by label column t - 1
+            sampler_logprobs[i, b - 1:c - 1] = torch.tensor(response_logprobs[i], dtype=torch.float32)
+        is_response[i, b:c] = (True if response_token_masks is None
+                               else torch.tensor(response_token_masks[i], dtype=torch.bool))
 
     # Padding is whatever the attention mask leaves out, whatever its id (pad may equal eos).
     keep = is_response & attention_mask.bool()
@@ -268,6 +248,43 @@ def build_rollout_batch(
         response_lengths=torch.tensor(r_len, dtype=torch.long),
         sampler_logprobs=sampler_logprobs,
     )
+
+
+def _checked_rows(prompt_ids, response_ids, response_logprobs, response_token_masks):
+    """The prompts and responses as lists of ints, once every per-row input pairs up with them."""
+    if len(prompt_ids) != len(response_ids):
+        raise ValueError(
+            f"got {len(prompt_ids)} prompts but {len(response_ids)} responses; they must pair up"
+        )
+    if len(prompt_ids) == 0:
+        raise ValueError("cannot build a batch from zero prompts")
+    prompts = [_as_id_list(p, "prompt_ids", i) for i, p in enumerate(prompt_ids)]
+    responses = [_as_id_list(r, "response_ids", i) for i, r in enumerate(response_ids)]
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"prompt_ids[{i}] is empty; every prompt needs at least one token")
+    for name, per_token in (("response_logprobs", response_logprobs), ("response_token_masks", response_token_masks)):
+        if per_token is None:
+            continue
+        if len(per_token) != len(responses):
+            raise ValueError(f"got {len(per_token)} lists of {name} for {len(responses)} responses")
+        for i, (values, r) in enumerate(zip(per_token, responses)):
+            if len(values) != len(r):
+                raise ValueError(f"{name}[{i}] has {len(values)} values for {len(r)} response tokens")
+    return prompts, responses
+
+
+def _layout(p_len: list[int], r_len: list[int], padding_side: str,
+            pad_to_multiple_of: Optional[int]) -> tuple[list[int], list[int], int]:
+    """Where each row's prompt and response start, and the batch's width (module docstring's layouts)."""
+    if padding_side == "right":
+        prompt_start, response_start = [0] * len(p_len), p_len
+        width = max(p + r for p, r in zip(p_len, r_len))
+    else:
+        p_max = max(p_len)
+        prompt_start, response_start = [p_max - p for p in p_len], [p_max] * len(p_len)
+        width = p_max + max(r_len)
+    return prompt_start, response_start, _round_up(width, pad_to_multiple_of)
 
 
 def tokenize_prompt_and_output(
