@@ -75,7 +75,8 @@ class ScriptedEngine(RolloutEngine):
 
 
 def call(expression: str) -> str:
-    return "<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": expression}}) + "\n</tool_call>"
+    body = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+    return f"<tool_call>\n{body}\n</tool_call>"
 
 
 def ids_of(tok, text: str) -> list[int]:
@@ -101,7 +102,8 @@ def run(tok, engine, questions=("What is 48 / 2 + 3?",), env=None, **kw):
     env = env or CalculatorEnvironment(PROMPT)
     starts, prompt_ids = open_episodes(env, list(questions), ["27"] * len(questions), tok)
     spec = kw.pop("spec", SamplingSpec(n=1, max_tokens=100, temperature=1.0, stop=[], seed=100))
-    groups = run_episodes(engine, prompt_ids, starts, spec, tok, env, **{"max_turns": 4, "max_episode_tokens": 1000, **kw})
+    caps = {"max_turns": 4, "max_episode_tokens": 1000, **kw}
+    groups = run_episodes(engine, prompt_ids, starts, spec, tok, env, **caps)
     return starts, prompt_ids, groups
 
 
@@ -186,7 +188,8 @@ def test_the_batchs_response_mask_keeps_only_the_models_tokens(tok, padding_side
     for row, r in enumerate(results):
         cols = batch.response_mask[row].nonzero().squeeze(-1)
         assert batch.input_ids[row, cols + 1].tolist() == [t for t, m in zip(r.token_ids, r.model_mask) if m]
-        assert batch.sampler_logprobs[row, cols].tolist() == pytest.approx([lp for lp, m in zip(r.logprobs, r.model_mask) if m])
+        sampled = [lp for lp, m in zip(r.logprobs, r.model_mask) if m]
+        assert batch.sampler_logprobs[row, cols].tolist() == pytest.approx(sampled)
     assert batch.response_mask.sum().item() == sum(r.model_tokens for r in results)
     assert results[1].model_tokens < len(results[1].token_ids)
     with pytest.raises(ValueError, match="model_masks\\[1\\] has 3 entries"):

@@ -120,8 +120,10 @@ BROKEN = {
                      "cannot import module '{m}' (RuntimeError: no backend here)"),
     "syntax_error": ("def broken(:\n    pass\n", "Echo", "cannot import module '{m}' (SyntaxError: "),
     "missing_class": ("X = 1\n", "Echo", "'{m}' has no attribute 'Echo'"),
-    "a_function": ("def Echo():\n    pass\n", "Echo", "not a subclass of rlft.envs.base.Environment (it is a function)"),
-    "other_class": ("class Echo:\n    pass\n", "Echo", "not a subclass of rlft.envs.base.Environment (it is a class Echo)"),
+    "a_function": ("def Echo():\n    pass\n", "Echo",
+                   "not a subclass of rlft.envs.base.Environment (it is a function)"),
+    "other_class": ("class Echo:\n    pass\n", "Echo",
+                    "not a subclass of rlft.envs.base.Environment (it is a class Echo)"),
     "abstract": ("from rlft.envs.base import Environment\nclass Echo(Environment):\n"
                  "    def open(self, question, ground_truth):\n        return None\n", "Echo",
                  "Echo does not implement step"),
@@ -132,7 +134,8 @@ BROKEN = {
     "init_fails": (GOOD_MODULE + "\nclass Bad(Echo):\n    def __init__(self, prompt):\n"
                    "        raise KeyError('needs a key')\n", "Bad", "could not be built (KeyError: 'needs a key')"),
     "open_fails": (GOOD_MODULE + "\nclass Bad(Echo):\n    def open(self, question, ground_truth):\n"
-                   "        return 1 / 0\n", "Bad", "open() failed on a probe question (ZeroDivisionError: division by zero)"),
+                   "        return 1 / 0\n", "Bad",
+                   "open() failed on a probe question (ZeroDivisionError: division by zero)"),
     "open_returns_wrong": (GOOD_MODULE + "\nclass Bad(Echo):\n    def open(self, question, ground_truth):\n"
                            "        return {'messages': []}\n", "Bad", "open() returned a dict, not an EpisodeStart"),
     "text_but_multi_turn": (GOOD_MODULE + "\nfrom rlft.envs.base import EpisodeStart\nclass Bad(Echo):\n"
@@ -165,6 +168,17 @@ def test_bad_names_are_refused_with_one_line(name, expected):
     with pytest.raises(EnvironmentSpecError) as err:
         make_environment(name, Prompt("chat"))
     assert str(err.value) == expected
+
+
+def test_the_records_and_the_driver_load_without_torch():
+    """The launch checks a config's environment before any rank starts, without loading torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, rlft.envs.registry, rlft.envs.episodes, rlft.envs.metrics; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_a_tool_environment_needs_a_chat_prompt():

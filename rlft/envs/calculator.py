@@ -247,7 +247,8 @@ def run_calculator_call(call: ToolCall) -> tuple[str, bool]:
         return f"Error: unknown tool {call.name[:64]!r}: the only tool is {CALCULATOR_NAME!r}", True
     extra = sorted(set(call.arguments) - {"expression"})
     if extra:
-        return f"Error: unexpected arguments {', '.join(repr(k[:64]) for k in extra[:5])}: the only one is 'expression'", True
+        names = ", ".join(repr(k[:64]) for k in extra[:5])
+        return f"Error: unexpected arguments {names}: the only one is 'expression'", True
     if "expression" not in call.arguments:
         return "Error: missing argument 'expression'", True
     result = calculate(call.arguments["expression"])

@@ -135,7 +135,8 @@ class _Episode:
         self.result.finish_reason, self.result.reward = reason, reward
 
 
-def _turn_cap(completion: Completion, room: int, spec: SamplingSpec, tokenizer) -> tuple[list[int], list[float] | None, str, str]:
+def _turn_cap(completion: Completion, room: int, spec: SamplingSpec,
+              tokenizer) -> tuple[list[int], list[float] | None, str, str]:
     """A turn's ``(token_ids, logprobs, text, finish_reason)`` within the episode's ``room`` tokens.
 
     A turn sampled under a larger cap (the call's cap is the largest room of its episodes) is cut to
@@ -205,8 +206,9 @@ def run_episodes(engine: RolloutEngine, prompt_token_ids: Sequence[Sequence[int]
             own deep copy of ``state``.
         spec: the sampling of every turn.  Turn 1 uses it as given, but with ``max_tokens`` within
             ``max_episode_tokens`` and, when the environment has stop strings, those added and every
-            stop string kept in the text (``include_stop_str_in_output``); later turns sample one completion each,
-            with ``min_tokens`` 0 and, when ``spec.seed`` is set, seeds that no earlier turn used.
+            stop string kept in the text (``include_stop_str_in_output``); later turns sample one
+            completion each, with ``min_tokens`` 0 and, when ``spec.seed`` is set, seeds that no
+            earlier turn used.
         tokenizer: the model's (its chat template renders the replies).
         environment: answers each turn (``Environment.step``).
         max_turns: >= 1; ``max_episode_tokens``: >= 1, tokens after the prompt, inserted ones included.
