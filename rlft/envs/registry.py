@@ -1,0 +1,174 @@
+"""Environments as the config names them: one :class:`EnvironmentRecord` per choice, or a user's own
+class given as ``module:Class``.
+
+    ENVIRONMENTS    name -> EnvironmentRecord(name, build, multi_turn, needs_chat, description)
+
+=================  ==========  ===========================================================
+name               multi_turn  what
+=================  ==========  ===========================================================
+``single_turn``    no          today's rollout: the run's prompt, one completion, no tools
+``calculator``     yes         GSM8K with a calculator tool (:mod:`rlft.envs.calculator`)
+``module:Class``   the class'  a subclass of :class:`~rlft.envs.base.Environment`
+=================  ==========  ===========================================================
+
+:func:`make_environment` is what a run calls at start: it resolves the name, builds the environment
+with the run's prompt and options, and opens one probe episode, so that a broken environment (a
+module that does not import, a missing class, a class that is not an Environment, a constructor or
+``open`` that fails) stops the run before any rank loads a model, with one line naming the problem
+(:class:`EnvironmentSpecError`).  Nothing here imports torch.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+from rlft.envs.base import Environment, EpisodeStart, SingleTurnEnvironment
+from rlft.envs.calculator import CalculatorEnvironment
+from rlft.prompts import Prompt
+
+DEFAULT_ENVIRONMENT = "single_turn"
+# The probe episode make_environment opens (a GSM8K-like question and its answer).
+PROBE_QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
+PROBE_ANSWER = "7"
+
+
+class EnvironmentSpecError(ValueError):
+    """An environment that cannot be used; the message is one line naming the problem."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))
+
+
+@dataclass(frozen=True)
+class EnvironmentRecord:
+    """One environment choice.
+
+    ``build(prompt, **options) -> Environment``: the run's :class:`~rlft.prompts.Prompt` and the
+    environment's options from the config.  ``multi_turn``: episodes may take several turns (the
+    rollout then runs :func:`rlft.envs.episodes.run_episodes`; False: one engine call as today).
+    ``needs_chat``: it works only with a chat prompt (tools go through the chat template).
+    """
+
+    name: str
+    build: Callable[..., Environment]
+    multi_turn: bool
+    needs_chat: bool = False
+    description: str = ""
+
+
+ENVIRONMENTS: dict[str, EnvironmentRecord] = {}
+
+
+def register_environment(record: EnvironmentRecord) -> EnvironmentRecord:
+    """Add ``record`` to :data:`ENVIRONMENTS` (ValueError when the name is taken or has a ``:``)."""
+    if record.name in ENVIRONMENTS:
+        raise ValueError(f"environment {record.name!r} is already registered")
+    if ":" in record.name:
+        raise ValueError(f"environment name {record.name!r}: a ':' is reserved for module:Class")
+    ENVIRONMENTS[record.name] = record
+    return record
+
+
+register_environment(EnvironmentRecord(
+    "single_turn", SingleTurnEnvironment, multi_turn=False,
+    description="the run's prompt, one completion, no tools"))
+register_environment(EnvironmentRecord(
+    "calculator", CalculatorEnvironment, multi_turn=True, needs_chat=True,
+    description="GSM8K with a calculator tool offered through the chat template"))
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+def load_environment_class(spec: str) -> type[Environment]:
+    """The class named by ``spec`` = ``"module:Class"`` (``Class`` may be dotted, ``Outer.Inner``),
+    checked to be a concrete subclass of :class:`~rlft.envs.base.Environment` with a boolean
+    ``multi_turn`` and a tuple of non-empty ``stop`` strings.
+
+    Raises:
+        EnvironmentSpecError: one line saying which of those fails.
+    """
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise EnvironmentSpecError(f"environment {spec!r}: expected module:Class")
+    try:
+        target = importlib.import_module(module_name)
+    except (Exception, SystemExit) as err:
+        raise EnvironmentSpecError(f"environment {spec!r}: cannot import module {module_name!r} "
+                                   f"({_first_line(err)})") from None
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise EnvironmentSpecError(f"environment {spec!r}: {getattr(target, '__name__', module_name)!r} "
+                                       f"has no attribute {part!r}")
+        target = getattr(target, part)
+    if not (isinstance(target, type) and issubclass(target, Environment)):
+        kind = type(target).__name__ if not isinstance(target, type) else f"class {target.__name__}"
+        raise EnvironmentSpecError(f"environment {spec!r}: not a subclass of rlft.envs.base.Environment "
+                                   f"(it is a {kind})")
+    if inspect.isabstract(target):
+        missing = ", ".join(sorted(target.__abstractmethods__))
+        raise EnvironmentSpecError(f"environment {spec!r}: {target.__name__} does not implement {missing}")
+    if not isinstance(target.multi_turn, bool):
+        raise EnvironmentSpecError(f"environment {spec!r}: multi_turn must be True or False, "
+                                   f"got {target.multi_turn!r}")
+    if not isinstance(target.stop, tuple) or not all(isinstance(s, str) and s for s in target.stop):
+        raise EnvironmentSpecError(f"environment {spec!r}: stop must be a tuple of non-empty strings, "
+                                   f"got {target.stop!r}")
+    return target
+
+
+def environment_record(name: str) -> EnvironmentRecord:
+    """The record of a registered name, or of a ``module:Class`` (loaded and checked); one-line
+    :class:`EnvironmentSpecError` otherwise."""
+    if not isinstance(name, str) or not name:
+        raise EnvironmentSpecError(f"environment must be a name or module:Class, got {name!r}")
+    if ":" not in name:
+        record = ENVIRONMENTS.get(name)
+        if record is None:
+            raise EnvironmentSpecError(f"unknown environment {name!r}: use one of {sorted(ENVIRONMENTS)} "
+                                       "or module:Class")
+        return record
+    cls = load_environment_class(name)
+    doc = (inspect.getdoc(cls) or "").strip()
+    return EnvironmentRecord(name, cls, multi_turn=cls.multi_turn,
+                             description=doc.splitlines()[0] if doc else "")
+
+
+def make_environment(name: str = DEFAULT_ENVIRONMENT, prompt: Prompt | None = None,
+                     options: dict | None = None, *, probe: bool = True) -> Environment:
+    """The environment ``name`` (a registered name or ``module:Class``) built with the run's ``prompt``
+    and ``options``; with ``probe``, one episode is opened on :data:`PROBE_QUESTION` to check that
+    ``open`` works and returns an :class:`~rlft.envs.base.EpisodeStart`.
+
+    Raises:
+        EnvironmentSpecError: one line naming the problem (unknown name, import failure, missing or
+            wrong class, the constructor or the probe failing).
+    """
+    record = environment_record(name)
+    prompt = prompt if prompt is not None else Prompt()
+    if record.needs_chat and not prompt.is_chat:
+        raise EnvironmentSpecError(f"environment {name!r} offers tools through the chat template: use a chat "
+                                   "prompt (data.prompt_template: chat)")
+    try:
+        env = record.build(prompt, **(options or {}))
+    except Exception as err:
+        raise EnvironmentSpecError(f"environment {name!r} could not be built ({_first_line(err)})") from None
+    if not isinstance(env, Environment):
+        raise EnvironmentSpecError(f"environment {name!r}: built a {type(env).__name__}, not an Environment")
+    if probe:
+        try:
+            start = env.open(PROBE_QUESTION, PROBE_ANSWER)
+        except Exception as err:
+            raise EnvironmentSpecError(f"environment {name!r}: open() failed on a probe question "
+                                       f"({_first_line(err)})") from None
+        if not isinstance(start, EpisodeStart):
+            raise EnvironmentSpecError(f"environment {name!r}: open() returned a {type(start).__name__}, "
+                                       "not an EpisodeStart")
+        if record.multi_turn and not start.is_chat:
+            raise EnvironmentSpecError(f"environment {name!r} takes several turns, which need chat messages, "
+                                       "but open() gave a text prompt")
+    return env
