@@ -12,6 +12,7 @@
     reward/         answers, formats, the grader and its worker pool, reward functions
     batching/       rollouts -> the padded training batch, micro-batches, dynamic sampling, overlong
     engines/        rollout engines (vLLM, HF generate) behind one interface and their records
+    envs/           environments: single- and multi-turn episodes, tools (the calculator), their driver
     roles/          one object per role: policy, rollout, reference, evaluator, SFT data
     pipeline/       the policy as a DeepSpeed pipeline: stages, log-probs, weights, LoRA
     runtime/        what a rank runs on: start-up, bridge, sync, checkpoints, the step loop

@@ -12,10 +12,9 @@ import json
 import pytest
 import torch
 
-from rlft.batch import build_rollout_batch
+from rlft.batching.batch import build_rollout_batch
 from rlft.engines.base import Completion, RolloutEngine, SamplingSpec
 from rlft.envs.base import Environment, EpisodeStart, StepResult
-from rlft.envs.batching import apply_model_masks
 from rlft.envs.calculator import CALCULATOR_TOOL, CalculatorEnvironment
 from rlft.envs.episodes import EpisodeResult, open_episodes, reply_token_ids, run_episodes
 from rlft.envs.metrics import episode_metrics, episode_sample
@@ -180,11 +179,12 @@ def test_the_batchs_response_mask_keeps_only_the_models_tokens(tok, padding_side
     _, prompt_ids, groups = run(tok, ScriptedEngine(tok, script), questions=("A short one?", "What is 48 / 2 + 3?"))
     results = [g[0] for g in groups]
     assert [r.num_turns for r in results] == [1, 2] and len(prompt_ids[0]) != len(prompt_ids[1])
-    batch = build_rollout_batch(prompt_ids, [r.token_ids for r in results], pad_token_id=tok.pad_token_id,
+    plain = build_rollout_batch(prompt_ids, [r.token_ids for r in results], pad_token_id=tok.pad_token_id,
                                 padding_side=padding_side, response_logprobs=[r.logprobs for r in results])
-    plain = batch.response_mask.clone()
-    apply_model_masks(batch, [r.model_mask for r in results], padding_side)
-    assert torch.equal(batch.response_mask, plain * batch.response_mask)  # only ever removes
+    batch = build_rollout_batch(prompt_ids, [r.token_ids for r in results], pad_token_id=tok.pad_token_id,
+                                padding_side=padding_side, response_logprobs=[r.logprobs for r in results],
+                                response_token_masks=[r.model_mask for r in results])
+    assert torch.equal(batch.response_mask, plain.response_mask * batch.response_mask)  # only ever removes
     for row, r in enumerate(results):
         cols = batch.response_mask[row].nonzero().squeeze(-1)
         assert batch.input_ids[row, cols + 1].tolist() == [t for t, m in zip(r.token_ids, r.model_mask) if m]
@@ -192,8 +192,9 @@ def test_the_batchs_response_mask_keeps_only_the_models_tokens(tok, padding_side
         assert batch.sampler_logprobs[row, cols].tolist() == pytest.approx(sampled)
     assert batch.response_mask.sum().item() == sum(r.model_tokens for r in results)
     assert results[1].model_tokens < len(results[1].token_ids)
-    with pytest.raises(ValueError, match="model_masks\\[1\\] has 3 entries"):
-        apply_model_masks(batch, [results[0].model_mask, [1, 1, 1]], padding_side)
+    with pytest.raises(ValueError, match="response_token_masks\\[1\\] has 3 values"):
+        build_rollout_batch(prompt_ids, [r.token_ids for r in results], pad_token_id=tok.pad_token_id,
+                            response_token_masks=[results[0].model_mask, [1, 1, 1]])
 
 
 def test_one_engine_call_per_turn_group_first_then_one_completion_per_episode(tok):

@@ -7,11 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlft.batch import build_rollout_batch
+from rlft.batching.batch import build_rollout_batch
 from rlft.engines.base import SamplingSpec
 from rlft.engines.hf_engine import HFEngine
 from rlft.envs.base import Environment, EpisodeStart, StepResult
-from rlft.envs.batching import apply_model_masks
 from rlft.envs.episodes import open_episodes, reply_token_ids, run_episodes
 from rlft.envs.registry import make_environment
 from rlft.prompts import Prompt
@@ -86,8 +85,8 @@ def test_two_turn_logprobs_are_the_logprobs_of_the_episode_as_one_sequence(engin
         assert inserted == reply[1:] if closed else inserted == reply
     # The trainer's view: prompt + episode as one sequence, the response mask on the model's tokens only.
     batch = build_rollout_batch([prompt_ids[i // 2] for i in range(4)], [r.token_ids for r in results],
-                                pad_token_id=tok.pad_token_id, response_logprobs=[r.logprobs for r in results])
-    apply_model_masks(batch, [r.model_mask for r in results], "right")
+                                pad_token_id=tok.pad_token_id, response_logprobs=[r.logprobs for r in results],
+                                response_token_masks=[r.model_mask for r in results])
     with torch.no_grad():
         policy = sequence_logprobs(engine.model, batch.input_ids, batch.attention_mask)
     mask = batch.response_mask.bool()
@@ -104,8 +103,7 @@ def teach(model, prompt_ids: list[int], response: list[int], model_mask: list[in
     them, until greedy decoding reproduces each one with a logit margin of 0.5 (teacher-forced); the number
     of steps taken.  Only the layers and the head's rows of the tokens seen plus 4096 others are trained (the
     embeddings stay), which keeps a step cheap with a 151k vocabulary."""
-    batch = build_rollout_batch([prompt_ids], [response], pad_token_id=0)
-    apply_model_masks(batch, [model_mask], "right")
+    batch = build_rollout_batch([prompt_ids], [response], pad_token_id=0, response_token_masks=[model_mask])
     at, targets = batch.response_mask.bool(), batch.input_ids[:, 1:][batch.response_mask.bool()]
     generator = torch.Generator().manual_seed(0)
     rows = torch.unique(torch.cat([batch.input_ids.flatten(),

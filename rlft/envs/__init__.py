@@ -1,15 +1,15 @@
 """Environments: episodes of one or several turns, where the model may call tools between turns.
 
-* :mod:`rlft.envs.base`        the interface: :class:`Environment` opens an episode
-  (:class:`EpisodeStart`: chat messages, tools, state) and answers each turn (:class:`StepResult`:
-  messages to append, or the end with an optional reward); :class:`SingleTurnEnvironment`
-* :mod:`rlft.envs.registry`    the choices by name (``single_turn``, ``calculator``) or ``module:Class``;
-  :func:`make_environment` builds and checks one at start (one-line :class:`EnvironmentSpecError`)
-* :mod:`rlft.envs.calculator`  exact, bounded arithmetic on Python's ``ast`` (never eval), the calculator
-  tool and :class:`CalculatorEnvironment`
-* :mod:`rlft.envs.tool_calls`  reading ``<tool_call>{json}</tool_call>`` calls out of a turn
-* :mod:`rlft.envs.episodes`    :func:`run_episodes`, the multi-turn rollout over any engine:
-  tokens, model masks, log-probs, caps (:class:`EpisodeResult`)
-* :mod:`rlft.envs.batching`    the training batch's response mask restricted to the model's tokens
-* :mod:`rlft.envs.metrics`     per-step metrics and readable samples of episodes
+    base.py        the interface: Environment opens an episode (EpisodeStart: chat messages, tools,
+                   state) and answers each turn (StepResult: messages to append, or the end with an
+                   optional reward); SingleTurnEnvironment
+    registry.py    the choices by name (single_turn, calculator) or module:Class; make_environment
+                   builds and checks one at start (one-line EnvironmentSpecError)
+    calculator.py  exact, bounded arithmetic on Python's ast (never eval), the calculator tool and
+                   CalculatorEnvironment
+    tool_calls.py  reading <tool_call>{json}</tool_call> calls out of a turn
+    episodes.py    run_episodes, the multi-turn rollout over any engine: tokens, model masks, log-probs,
+                   caps (EpisodeResult); the batch takes the masks (build_rollout_batch's
+                   response_token_masks), so the loss sees only the model's tokens
+    metrics.py     per-step metrics and readable samples of episodes
 """
