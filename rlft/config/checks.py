@@ -125,6 +125,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_optim(cfg.optim, cfg.grpo)
     _check_schedule(cfg.schedule)
     _check_output_and_data(cfg)
+    _check_environment(cfg)
     _check_sft(cfg.sft)
     _check_batch_split(cfg.topology, cfg.optim)
     return cfg
@@ -223,6 +224,25 @@ def _check_schedule(sch: schema.ScheduleConfig) -> None:
     _require(sch.max_staleness == 0 or sch.sync_every == 1,
              f"schedule.max_staleness: {sch.max_staleness} needs schedule.sync_every: 1 (got {sch.sync_every}); "
              f"the batches ahead already bound how old the sampler's weights are")
+
+
+def _check_environment(cfg: RunConfig) -> None:
+    """The environment can be had (a registered name, or a module:Class that imports and is an
+    Environment), its episodes fit the settings, and one that offers tools has a chat prompt."""
+    from rlft.envs.registry import EnvironmentSpecError, environment_record
+    from rlft.prompts import prompt_of
+
+    e = cfg.environment
+    try:
+        record = environment_record(e.name)
+    except EnvironmentSpecError as err:
+        raise ConfigError(f"environment.name: {err}") from None
+    _require(isinstance(e.options, dict), f"environment.options: expected a mapping of keyword arguments, got {e.options!r}")
+    _require(e.max_turns >= 1, f"environment.max_turns: must be >= 1, got {e.max_turns}")
+    _require(e.max_episode_tokens is None or e.max_episode_tokens >= 1,
+             f"environment.max_episode_tokens: must be >= 1 or null, got {e.max_episode_tokens}")
+    _require(not record.needs_chat or prompt_of(cfg).is_chat,
+             f"environment.name: {e.name} offers its tools through the chat template: set data.prompt_template: chat")
 
 
 def _check_output_and_data(cfg: RunConfig) -> None:

@@ -262,6 +262,23 @@ class SFTConfig:
     end_with_eos: bool = True
 
 @dataclass
+class EnvironmentConfig:
+    # What a rollout is: single_turn (the run's prompt, one completion), calculator (GSM8K with a calculator
+    # tool through the chat template, several turns), a registered name, or a user's module:Class
+    # (rlft.envs.base.Environment).
+    name: str = "single_turn"
+    options: dict = field(default_factory=dict)  # keyword arguments of the environment's constructor
+    max_turns: int = 4  # the model's turns per episode (the last one gets no tool round after it)
+    # Tokens after the prompt per episode, the inserted tool replies included (null = sampling.max_tokens)
+    max_episode_tokens: int | None = None
+    evaluate_with_tools: bool = True  # evaluations run the same episodes; false: one turn, no tools
+
+    def episode_tokens(self, max_tokens: int) -> int:
+        """The episode's budget of tokens after the prompt (`max_episode_tokens`, else `max_tokens`)."""
+        return self.max_episode_tokens or max_tokens
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -273,6 +290,7 @@ class RunConfig:
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     seed: int = 0
     device: str = "auto"  # auto | cuda | cpu
     # The policy's DeepSpeed JSON (null = ds_configs/pipeline_bf16.json or pipeline_fp32.json by dtype);

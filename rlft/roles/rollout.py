@@ -16,6 +16,7 @@ from rlft.config import RunConfig
 from rlft.data import Example
 from rlft.batching.dynamic_sampling import GroupPool, group_rows, informative_groups
 from rlft.engines.base import RolloutEngine
+from rlft.envs.metrics import episode_metrics, episode_sample
 from rlft.grpo import compute_group_normalized_rewards
 from rlft.batching.overlong import soft_overlong_penalty, truncated_rows
 from rlft.roles.batch_queue import BatchQueue, Timer, untimed
@@ -93,6 +94,8 @@ class RolloutWorker:
             batch, reward_stats = self.to_batch(rollout, grades)
             metrics["epoch_ended"] = self.prompts.epoch_done
         metrics.update(rollout_metrics(rollout, grades, batch, reward_stats))
+        if None not in rollout.episodes:  # a multi-turn environment: turns, tool calls, how episodes ended
+            metrics.update(episode_metrics(rollout.episodes, correct=[g["answer_reward"] for g in grades]))
         metrics.update(self.filter_overlong(batch, rollout))  # after: lengths describe what was sampled
         metrics["prompt_indices"] = [ex.index for ex in examples]
         every = cfg.schedule.log_samples_every
@@ -121,7 +124,8 @@ class RolloutWorker:
         special = {} if g.train_on_eos else {"eos_token_id": tok.eos_token_id, "bos_token_id": tok.bos_token_id}
         batch = build_rollout_batch(rollout.prompt_ids, rollout.response_ids, pad_token_id=tok.pad_token_id, **special,
                                     padding_side=self.cfg.model.padding_side,
-                                    response_logprobs=None if None in rollout.logprobs else rollout.logprobs)
+                                    response_logprobs=None if None in rollout.logprobs else rollout.logprobs,
+                                    response_token_masks=None if None in rollout.model_masks else rollout.model_masks)
         batch.advantages, batch.raw_rewards = advantages, raw_rewards
         return batch, reward_stats
 
@@ -149,7 +153,11 @@ class RolloutWorker:
     def samples(self, examples: list[Example], rollout: Rollout, grades: list[dict]) -> list[dict]:
         """A few completions, spread over the batch, for the log (`examples`: one per group)."""
         n = self.cfg.schedule.num_logged_samples
-        return [{"question": examples[i // self.group_size].question, "response": rollout.responses[i],
+        def response(i: int) -> dict:
+            episode = rollout.episodes[i]
+            return {"response": rollout.responses[i]} if episode is None else episode_sample(episode)
+
+        return [{"question": examples[i // self.group_size].question, **response(i),
                  "ground_truth": rollout.ground_truths[i], **grades[i]}
                 for i in range(0, len(grades), max(1, len(grades) // n))][:n]
 

@@ -101,12 +101,19 @@ def _json_line(record: dict) -> str:
 
 
 def format_samples(rows: list[dict]) -> str:
-    """Markdown for TensorBoard's text tab: reward, ground truth, question and the completion."""
+    """Markdown for TensorBoard's text tab: reward, ground truth, question and the completion (an
+    episode's whole transcript, tool replies and the template's markers included)."""
     parts = []
     for r in rows:
         question = " ".join(r["question"].split())
-        response = "    " + ("<think>" + r["response"]).replace("\n", "\n    ")  # a code block keeps it verbatim
-        parts.append(f"**reward {r['reward']:g} (format {r['format_reward']:g}), ground truth "
+        if "transcript" in r:
+            text = r["transcript"]
+            episode = (f", {r['turns']} turns, {r['tool_calls']} tool calls ({r['tool_errors']} errors), "
+                       f"ended: {r['finish_reason']}")
+        else:
+            text, episode = "<think>" + r["response"], ""
+        response = "    " + text.replace("\n", "\n    ")  # a code block keeps it verbatim
+        parts.append(f"**reward {r['reward']:g} (format {r['format_reward']:g}){episode}, ground truth "
                      f"`{r['ground_truth']}`**\n\n> {question}\n\n{response}")
     return "\n\n---\n\n".join(parts)
 
