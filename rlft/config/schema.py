@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from rlft.engines.base import SamplingSpec, check_sampling_ranges  # noqa: F401  (the ranges, re-exported)
+from rlft.grpo.choices import OLD_LOGPROB_SOURCES, ROLLOUT_IS_MODES
 
 _SPEC = SamplingSpec()  # the engines' sampling defaults are the config's
 
@@ -139,19 +140,20 @@ class GRPOConfig:
 
     @property
     def needs_reference(self) -> bool:
-        """The frozen reference's log-probs enter the loss (KL, or the original's old log-probs)."""
-        return self.kl_coef > 0 or self.old_logprobs == "reference"
+        """The frozen reference's log-probs enter the loss (KL, or old log-probs whose source is the
+        reference, as the original's)."""
+        return self.kl_coef > 0 or OLD_LOGPROB_SOURCES[self.old_logprobs].needs_reference
 
     @property
     def recomputes_old_logprobs(self) -> bool:
-        """Several optimizer steps per rollout: the sampling policy's log-probs are computed once
-        before the first (with one step they equal the current log-probs)."""
-        return self.epochs_per_rollout > 1 and self.old_logprobs == "policy"
+        """Several optimizer steps per rollout with old log-probs of the sampling policy: they are
+        computed once before the first (with one step they equal the current log-probs)."""
+        return self.epochs_per_rollout > 1 and OLD_LOGPROB_SOURCES[self.old_logprobs].recomputed
 
     def loss_reads_sampler_logprobs(self, max_staleness: int) -> bool:
-        """The loss itself reads the sampler's log-probs: TIS, or off-policy batches whose old
-        log-probs are the sampler's (`schedule.max_staleness` > 0)."""
-        return self.rollout_is != "none" or max_staleness > 0
+        """The loss itself reads the sampler's log-probs: a rollout IS correction that reads them (tis),
+        or off-policy batches whose old log-probs are the sampler's (`schedule.max_staleness` > 0)."""
+        return ROLLOUT_IS_MODES[self.rollout_is].reads_sampler_logprobs or max_staleness > 0
 
     def wants_sampler_logprobs(self, step: int, max_staleness: int) -> bool:
         """The rollouts of `step` ask the engine for each token's log-prob: when the loss reads them,
