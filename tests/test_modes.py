@@ -250,3 +250,63 @@ def test_a_registered_overlong_mode_changes_rewards_and_masks_rows_as_its_record
         with pytest.raises(ConfigError, match=r"grpo.overlong_buffer: must be between 1 and sampling.max_tokens \(10\)"):
             overlong_worker(overlong="_test_step_penalty", overlong_buffer=11)
         assert overlong_worker(overlong="filter", overlong_buffer=11).cfg.grpo.overlong == "filter"
+
+
+# ---------------------------------------------------------------- launchers (rlft.config.launchers)
+
+
+def test_the_builtin_launchers_carry_their_properties():
+    from rlft.config.launchers import LAUNCHERS
+
+    props = lambda l: (l.needs_hostfile, l.uses_ssh, l.per_node_launch, l.starts_ranks, l.starts_every_slot,
+                       l.runs_modules)
+    assert {name: props(l) for name, l in LAUNCHERS.items()} == {
+        "pdsh": (True, True, False, False, False, True),
+        "slurm": (True, False, False, True, False, False),
+        **{mpi: (True, False, False, True, True, True) for mpi in ("openmpi", "mpich", "impi", "mvapich")},
+        "no_ssh": (True, False, True, False, False, True)}
+
+
+def test_registered_launchers_are_accepted_and_planned_by_their_properties(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from rlft.config.launch_plan import make_plan
+    from rlft.config.launchers import LAUNCHER_ARGS, register_launcher
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)  # the config names its hostfile relative to the checkout
+    two_by_eight = repo / "launch" / "configs" / "grpo_2x8gpu.yaml"
+
+    @register_launcher("_test_per_node", needs_hostfile=False, per_node_launch=True)
+    def _per_node(n):
+        return ["--node_rank", str(n.topology.node_rank), "--master_addr", n.master_addr]
+
+    @register_launcher("_test_srun", starts_ranks=True, runs_modules=False)
+    def _srun(n):
+        return ["--launcher", "slurm", "--master_addr", n.master_addr, *n.launcher_args("--exclusive")]
+
+    with registered(LAUNCHER_ARGS, "_test_per_node"), registered(LAUNCHER_ARGS, "_test_srun"):
+        # A per-node launcher needs node 0's address (the config's check) and this node's rank (the plan's).
+        with pytest.raises(ConfigError, match=r"^topology.master_addr: required with topology.launcher=_test_per_node"):
+            load_config(two_by_eight, ["topology.launcher=_test_per_node"])
+        per_node = ["topology.launcher=_test_per_node", "topology.master_addr=10.0.0.1"]
+        with pytest.raises(ConfigError, match=r"^topology.node_rank: required with topology.launcher=_test_per_node; "
+                                              r"start one launch on every node with topology.node_rank=0 .. 1$"):
+            make_plan(load_config(two_by_eight, per_node), 8)
+        # It reads no hostfile: none is passed, none is needed.
+        plan = make_plan(load_config(two_by_eight, [*per_node, "topology.node_rank=1", "output.hostfile=null"]), 8)
+        assert plan.ds_args == ["--master_port", "29500", "--node_rank", "1", "--master_addr", "10.0.0.1"]
+        assert (plan.entry, plan.rank_args) == ("module", [])
+        # One that starts the ranks itself and cannot run modules: the ranks get the master address
+        # (the hostfile's first host) and port; the entry is the script; a larger hostfile is fine.
+        hostfile = tmp_path / "hosts"
+        hostfile.write_text("a slots=8\nb slots=8\nc slots=8\n")
+        plan = make_plan(load_config(two_by_eight, ["topology.launcher=_test_srun", f"output.hostfile={hostfile}",
+                                                    "topology.launcher_args=--time=10"]), 8)
+        assert plan.ds_args == ["--hostfile", str(hostfile), "--master_port", "29500", "--launcher", "slurm",
+                                "--master_addr", "a", "--launcher_args=--exclusive --time=10"]
+        assert (plan.entry, plan.rank_args) == ("script", ["topology.master_addr=a", "topology.master_port=29500"])
+    with pytest.raises(ConfigError, match="topology.launcher: must be one of pdsh, slurm, openmpi, mpich, impi, "
+                                          "mvapich, no_ssh, got '_test_srun'"):
+        load_config(two_by_eight, ["topology.launcher=_test_srun"])
+

@@ -12,9 +12,9 @@ from pathlib import Path
 # or rollout IS mode, old log-probs' source, launcher or backend is accepted as soon as it is recorded there.  None of them imports torch: rlft.config.launch_plan checks a config without it.
 from rlft.common import DTYPE_CHOICES
 from rlft.config import schema
+from rlft.config.launchers import LAUNCHERS
 from rlft.config.schema import (
     CHECKPOINT_STATE_FILE,
-    LAUNCHERS,
     ConfigError,
     GRPOConfig,
     RewardConfig,
@@ -324,6 +324,6 @@ def check_nodes(t: TopologyConfig) -> None:
              f"topology.node_rank: must be between 0 and topology.nodes - 1 ({t.nodes - 1}), got {t.node_rank}")
     _require(t.nodes == 1 or t.world_size() % t.nodes == 0,
              f"topology.nodes: {t.world_size()} ranks do not split evenly over {t.nodes} nodes")
-    if t.nodes > 1 and t.launcher == "no_ssh":
-        _require(bool(t.master_addr), "topology.master_addr: required with topology.launcher=no_ssh (node 0's "
-                                      "address, as every node reaches it)")
+    if t.nodes > 1 and LAUNCHERS[t.launcher].per_node_launch:
+        _require(bool(t.master_addr), f"topology.master_addr: required with topology.launcher={t.launcher} (node 0's "
+                                      f"address, as every node reaches it)")

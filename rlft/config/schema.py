@@ -11,9 +11,6 @@ from rlft.grpo.choices import OLD_LOGPROB_SOURCES, ROLLOUT_IS_MODES
 
 _SPEC = SamplingSpec()  # the engines' sampling defaults are the config's
 
-# DeepSpeed's multi-node launchers (`deepspeed --launcher`), and its per-node mode without ssh.
-LAUNCHERS = ("pdsh", "slurm", "openmpi", "mpich", "impi", "mvapich", "no_ssh")
-
 class ConfigError(ValueError):
     """A configuration mistake; the message names the key path."""
 
