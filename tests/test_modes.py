@@ -310,3 +310,27 @@ def test_registered_launchers_are_accepted_and_planned_by_their_properties(tmp_p
                                           "mvapich, no_ssh, got '_test_srun'"):
         load_config(two_by_eight, ["topology.launcher=_test_srun"])
 
+
+# ---------------------------------------------------------------- the loss's record, read by the preflight too
+
+
+def test_preflight_and_config_checks_read_the_same_loss_record():
+    from rlft.config.preflight import check_grpo_can_learn
+    from rlft.grpo import POLICY_LOSSES, register_policy_loss
+    from rlft.grpo.losses import POLICY_LOSS_FUNCTIONS
+
+    register_policy_loss("_test_raw_rewards", uses_ratio=False, uses_groups=False)(
+        lambda policy_log_probs, *, raw_rewards, **_: (-raw_rewards * policy_log_probs, {}))
+    register_policy_loss("_test_grouped", uses_ratio=False)(
+        lambda policy_log_probs, *, advantages, **_: (-advantages * policy_log_probs, {}))
+    with registered(POLICY_LOSS_FUNCTIONS, "_test_raw_rewards"), registered(POLICY_LOSS_FUNCTIONS, "_test_grouped"):
+        # A loss without groups: the config wants group_size 1, and the preflight lets it learn.
+        check_grpo_can_learn(load_config(None, ["grpo.loss_type=_test_raw_rewards", "grpo.group_size=1"]))
+        with pytest.raises(ConfigError, match="grpo.group_size: loss_type _test_raw_rewards uses no groups"):
+            load_config(None, ["grpo.loss_type=_test_raw_rewards", "grpo.group_size=4"])
+        # A loss with groups: a group of one is refused, naming the losses that need none.
+        with pytest.raises(ConfigError) as info:
+            check_grpo_can_learn(load_config(None, ["grpo.loss_type=_test_grouped", "grpo.group_size=1"]))
+        assert str(info.value).startswith("grpo.group_size: 1 with grpo.loss_type _test_grouped: the advantage is")
+        assert str(info.value).endswith("(or grpo.loss_type=no_baseline or _test_raw_rewards)")
+    assert "_test_raw_rewards" not in POLICY_LOSSES
