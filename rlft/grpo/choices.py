@@ -171,6 +171,11 @@ OLD_LOGPROB_SOURCES: dict[str, OldLogprobSource] = {r.name: r for r in (
     OldLogprobSource("reference", needs_reference=True, recomputed=False),
 )}
 
+# The config's defaults (rlft.config.schema.GRPOConfig), and those of the maths' functions.
+DEFAULT_ADVANTAGE_ESTIMATOR = "grpo"
+DEFAULT_KL_ESTIMATOR = "k3"
+DEFAULT_AGGREGATION = "sequence"
+
 F = TypeVar("F", bound=Callable)
 
 

@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from rlft.grpo.choices import DEFAULT_AGGREGATION, DEFAULT_KL_ESTIMATOR
 from rlft.grpo.kl import compute_kl
 from rlft.grpo.losses import compute_policy_gradient_loss
 from rlft.grpo.reductions import aggregate_loss, masked_mean
@@ -21,8 +22,8 @@ def policy_loss(
     advantages: Optional[Tensor] = None, raw_rewards: Optional[Tensor] = None,
     old_log_probs: Optional[Tensor] = None, ref_log_probs: Optional[Tensor] = None,
     cliprange: Optional[float] = None, cliprange_high: Optional[float] = None,
-    kl_coef: float = 0.0, kl_estimator: str = "k3",
-    aggregation: str = "sequence", constant_normalizer: Optional[float] = None,
+    kl_coef: float = 0.0, kl_estimator: str = DEFAULT_KL_ESTIMATOR,
+    aggregation: str = DEFAULT_AGGREGATION, constant_normalizer: Optional[float] = None,
     num_tokens_total: Optional[float] = None, num_micro_batches: int = 1, num_rows_total: Optional[float] = None,
     rollout_is_weights: Optional[Tensor] = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
