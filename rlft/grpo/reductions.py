@@ -127,9 +127,8 @@ def aggregate_loss(
     * ``"sequence"`` (the original): masked mean within each sequence, then mean over the B
       sequences (a sequence with no response tokens contributes 0 and still counts in B).
     * ``"token"`` (DAPO): sum over all response tokens ÷ the number of response tokens.
-    * ``"constant"`` (Dr. GRPO): sum over all response tokens ÷ (B · ``constant_normalizer``),
-      ``constant_normalizer`` typically the generation's max_tokens (a mode whose record has
-      ``fixed_length`` needs it).
+    * ``"constant"`` (Dr. GRPO): sum over all response tokens ÷ (B · ``constant_normalizer``), the
+      fixed length (max_tokens) that every mode recorded as ``fixed_length`` needs.
 
     Micro-batching convention. The trainer's engine (DeepSpeed ``train_batch``) divides each
     micro-batch's returned loss by the number of micro-batches ``n`` and sums the gradients, so
@@ -148,8 +147,7 @@ def aggregate_loss(
       (``num_micro_batches`` must then stay 1).
 
     Args:
-        per_token_loss: ``[B, T]``.
-        mask: ``[B, T]`` response mask.
+        per_token_loss, mask: ``[B, T]``, the latter the response mask.
         mode: a key of :data:`AGGREGATION_MODES`.
 
     Returns:
