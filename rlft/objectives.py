@@ -4,24 +4,63 @@ The policy (`rlft.roles.policy.PolicyTrainer`) knows nothing of GRPO or SFT.  It
 objective, on the last pipeline stage and for every micro-batch, the per-token log-probs and
 entropies `[b, T-1]` and the `Labels` the objective asked for (`label_fields`), and reports the
 metrics the objective names (`metric_names`): see `Objective`.
+
+Whose log-probs are the GRPO ratio's π_old (`grpo.old_logprobs`) is a record of
+`rlft.grpo.OLD_LOGPROB_SOURCES`; each source's function, attached here with
+`@OLD_LOGPROB_FUNCTIONS.of(name)`, picks them for a micro-batch.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 from torch import Tensor
 
 from rlft.batching.batch import Labels, RolloutBatch
 from rlft.config import GRPOConfig
 from rlft.grpo import (
+    OLD_LOGPROB_SOURCES,
     POLICY_LOSS_METRIC_KEYS,
     ROLLOUT_MISMATCH_METRIC_KEYS,
     MicroBatchMismatch,
     masked_mean,
     policy_loss,
+    rollout_is_weights,
     rollout_mismatch_sums,
-    truncated_is_weights,
 )
+from rlft.grpo.choices import Implementations, OldLogprobSource
+
+# (logp [b, T-1] with gradient, the micro-batch's labels, the grpo settings, *, off_policy) -> π_old's
+# log-probs [b, T-1], without gradient.
+OldLogprobFn = Callable[..., Tensor]
+
+# Each source's function, by the name of its record in OLD_LOGPROB_SOURCES.
+OLD_LOGPROB_FUNCTIONS = Implementations(OLD_LOGPROB_SOURCES, "old log-probs source")
+
+
+def register_old_logprob_source(name: str, *, needs_reference: bool,
+                                recomputed: bool) -> Callable[[OldLogprobFn], OldLogprobFn]:
+    """Decorator adding a source that is not one of rlft's own to :data:`OLD_LOGPROB_SOURCES` under
+    ``name``, with its properties (see :class:`~rlft.grpo.choices.OldLogprobSource`)."""
+    return OLD_LOGPROB_FUNCTIONS.register(OldLogprobSource(name, needs_reference, recomputed))
+
+
+@OLD_LOGPROB_FUNCTIONS.of("policy")
+def _sampling_policy(logp: Tensor, labels: Labels, g: GRPOConfig, *, off_policy: bool) -> Tensor:
+    """The log-probs of the weights that sampled."""
+    if off_policy:
+        # The batch may be several optimizer steps old: the sampling policy is the sampler's.
+        return labels.sampler_logprobs
+    if g.recomputes_old_logprobs:
+        return labels.old_logprobs  # computed before the first of several epochs
+    # One optimizer step per rollout: the weights that produce `logp` are the weights that were
+    # synced to the sampler, so the old log-probs are exactly logp (ratio 1, same grads).
+    return logp.detach()
+
+
+@OLD_LOGPROB_FUNCTIONS.of("reference")
+def _frozen_reference(logp: Tensor, labels: Labels, g: GRPOConfig, *, off_policy: bool) -> Tensor:
+    """The original's choice: the frozen reference model's log-probs."""
+    return labels.ref_logprobs
 
 
 class Objective(Protocol):
@@ -47,9 +86,9 @@ class Objective(Protocol):
 
 
 class GRPOObjective:
-    """A GRPO-family loss (`grpo.loss_type`, `rlft.grpo.POLICY_LOSSES`) plus the KL penalty; with
-    `grpo.rollout_is: tis`, its policy-gradient term weighted per token by truncated importance
-    sampling against the sampler's log-probs.  The sampler-trainer mismatch (`rollout_mismatch/*`, see
+    """A GRPO-family loss (`grpo.loss_type`, `rlft.grpo.POLICY_LOSSES`) plus the KL penalty; its
+    policy-gradient term weighted per token by the rollout IS correction (`grpo.rollout_is`, e.g. tis:
+    truncated importance sampling against the sampler's log-probs).  The sampler-trainer mismatch (`rollout_mismatch/*`, see
     `rlft.grpo.rollout_correction`) is measured on the steps whose batch carries the sampler's log-probs
     (`grpo.mismatch_metrics_every`, or every step where the loss reads them)."""
 
@@ -59,7 +98,7 @@ class GRPOObjective:
         """`off_policy`: batches may come from older weights (`schedule.max_staleness` > 0); the
         ratio's old log-probs are then the sampler's own, those of the weights that sampled."""
         self.g = g
-        self.max_tokens = max_tokens  # the constant of aggregation "constant" (Dr. GRPO)
+        self.max_tokens = max_tokens  # the fixed length of aggregations that divide by one (Dr. GRPO's)
         self.off_policy = off_policy
         self.needs_old_logprobs = g.recomputes_old_logprobs
         self.needs_reference = g.needs_reference
@@ -75,24 +114,12 @@ class GRPOObjective:
     def loss(self, logp: Tensor, entropy: Tensor, labels: Labels, *, num_tokens_total: float,
              num_micro_batches: int, num_rows_total: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         g = self.g
-        if g.old_logprobs == "reference":
-            old = labels.ref_logprobs
-        elif self.off_policy:
-            # The batch may be several optimizer steps old: the sampling policy is the sampler's.
-            old = labels.sampler_logprobs
-        elif g.epochs_per_rollout == 1:
-            # One optimizer step per rollout: the weights that produce `logp` are the weights that
-            # were synced to the sampler, so the old log-probs are exactly logp (ratio 1, same grads).
-            old = logp.detach()
-        else:
-            old = labels.old_logprobs
+        old = OLD_LOGPROB_FUNCTIONS[g.old_logprobs](logp, labels, g, off_policy=self.off_policy)
         # The trainer's log-probs of the weights that sampled: recomputed before the first epoch, or
-        # (one epoch per rollout) the current ones.  (With old_logprobs=reference and several epochs,
-        # the current epoch's.)
+        # (one epoch per rollout) the current ones.  (With a source that is not recomputed and several
+        # epochs, the current epoch's.)
         behaviour = labels.old_logprobs if g.recomputes_old_logprobs else logp.detach()
-        weights = None
-        if g.rollout_is == "tis":
-            weights = truncated_is_weights(behaviour, labels.sampler_logprobs, g.rollout_is_cap)
+        weights = rollout_is_weights(g.rollout_is, behaviour, labels.sampler_logprobs, g.rollout_is_cap)
         loss, metrics = policy_loss(
             logp, labels.response_mask, loss_type=g.loss_type, advantages=labels.advantages,
             raw_rewards=labels.raw_rewards, old_log_probs=old,

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 
 from rlft.data import LoadResult, parse_gsm8k_ground_truth
-from rlft.reward.formats import get_answer_format
+from rlft.reward.formats import DEFAULT_ANSWER_FORMAT, get_answer_format
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,9 @@ PROMPT_TEMPLATES: dict[str, str] = {
     "question_only": QUESTION_ONLY_PROMPT,
     "r1_short": R1_SHORT_PROMPT,
 }
+# data.prompt_template's default (the seed's text prompt, for base models), and that of every function
+# taking a template.
+DEFAULT_PROMPT_TEMPLATE = "r1_zero"
 
 
 CHAT = "chat"  # data.prompt_template: render with the tokenizer's chat template
@@ -87,10 +90,10 @@ class Prompt:
     ``"chat"`` (None: none).  ``answer_format``: whose instruction a chat prompt carries.
     """
 
-    template: str = "r1_zero"
+    template: str = DEFAULT_PROMPT_TEMPLATE
     messages: tuple[tuple[str, str], ...] | None = None
     system: str | None = None
-    answer_format: str = "r1_tags"
+    answer_format: str = DEFAULT_ANSWER_FORMAT
 
     @property
     def is_chat(self) -> bool:
@@ -150,7 +153,7 @@ def prompt_of(cfg) -> Prompt:
     return Prompt(d.prompt_template, messages, d.system_prompt, cfg.reward.answer_format)
 
 
-def format_prompt(question: str, template: str | Prompt = "r1_zero", tokenizer=None) -> str:
+def format_prompt(question: str, template: str | Prompt = DEFAULT_PROMPT_TEMPLATE, tokenizer=None) -> str:
     """Fill ``question`` into a template (a registered name, a literal with ``{question}``, or a
     :class:`Prompt`; a chat prompt needs the ``tokenizer``).
 

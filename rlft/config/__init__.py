@@ -7,6 +7,7 @@
     topology.py      which rank hosts which role, from `topology:`
     preflight.py     what can be refused before any rank starts (model path, init checkpoint, data)
     launch_plan.py   python -m rlft.config.launch_plan: the deepspeed command a config asks for
+    launchers.py     DeepSpeed's multi-node launchers: one record each, and the options it needs
     resume_rules.py  the checkpoints of an output directory: which one resumes, what it may change
     outdir_lock.py   one launch per output directory (OUT/.lock)
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# The allowed values of the choice settings are read from each choice's records (rlft.grpo.choices,
-# rlft.batching.overlong, rlft.engines), so a new loss, KL estimator, aggregation or backend is accepted as soon
-# as it is recorded there.  None of them imports torch: rlft.config.launch_plan checks a config without it.
+# The allowed values of the choice settings, and what each choice needs, are read from each choice's records
+# (rlft.grpo.choices, rlft.config.launchers, rlft.engines), so a new loss, KL estimator, aggregation, overlong
+# or rollout IS mode, old log-probs' source, launcher or backend is accepted as soon as it is recorded there.  None of them imports torch: rlft.config.launch_plan checks a config without it.
 from rlft.common import DTYPE_CHOICES
 from rlft.config import schema
+from rlft.config.launchers import LAUNCHERS
 from rlft.config.schema import (
     CHECKPOINT_STATE_FILE,
-    LAUNCHERS,
     ConfigError,
     GRPOConfig,
     RewardConfig,
@@ -24,8 +24,15 @@ from rlft.config.schema import (
     check_sampling_ranges,
 )
 from rlft.engines import backend_choices
-from rlft.grpo import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
-from rlft.batching.overlong import OVERLONG_MODES
+from rlft.grpo import (
+    ADVANTAGE_ESTIMATORS,
+    AGGREGATION_MODES,
+    KL_ESTIMATORS,
+    OLD_LOGPROB_SOURCES,
+    OVERLONG_MODES,
+    POLICY_LOSSES,
+    ROLLOUT_IS_MODES,
+)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -55,7 +62,7 @@ def _check_rollout_corrections(g: GRPOConfig, s: SamplingConfig) -> None:
              f"grpo.mismatch_metrics_every: must be >= 0 (0 = never), got {g.mismatch_metrics_every}")
     _require(g.overlong in OVERLONG_MODES,
              f"grpo.overlong: must be one of {', '.join(OVERLONG_MODES)}, got '{g.overlong}'")
-    if g.overlong == "soft_penalty":
+    if "overlong_buffer" in OVERLONG_MODES[g.overlong].uses:
         _require(1 <= g.overlong_buffer <= s.max_tokens,
                  f"grpo.overlong_buffer: must be between 1 and sampling.max_tokens ({s.max_tokens}), "
                  f"got {g.overlong_buffer}")
@@ -159,8 +166,8 @@ def _check_grpo(g: GRPOConfig) -> None:
              f"grpo.kl_estimator: must be one of {', '.join(KL_ESTIMATORS)}, got '{g.kl_estimator}'")
     _require(g.aggregation in AGGREGATION_MODES,
              f"grpo.aggregation: must be one of {', '.join(AGGREGATION_MODES)}, got '{g.aggregation}'")
-    _require(g.old_logprobs in ("policy", "reference"),
-             f"grpo.old_logprobs: must be policy or reference, got '{g.old_logprobs}'")
+    _require(g.old_logprobs in OLD_LOGPROB_SOURCES,
+             f"grpo.old_logprobs: must be one of {', '.join(OLD_LOGPROB_SOURCES)}, got '{g.old_logprobs}'")
     _require(g.epochs_per_rollout >= 1, f"grpo.epochs_per_rollout: must be >= 1, got {g.epochs_per_rollout}")
     _require(g.max_sampling_rounds >= 1, f"grpo.max_sampling_rounds: must be >= 1, got {g.max_sampling_rounds}")
     if g.dynamic_sampling:
@@ -296,7 +303,7 @@ def config_warnings(cfg: RunConfig, *, rollouts: bool = True) -> list[str]:
                      f"identical, so every group's advantages are 0 and the policy learns nothing; sample with "
                      f"sampling.temperature > 0")
     if rollouts and cfg.schedule.max_staleness and not POLICY_LOSSES[g.loss_type].uses_ratio \
-            and g.rollout_is == "none":
+            and not ROLLOUT_IS_MODES[g.rollout_is].reads_sampler_logprobs:
         found.append(f"schedule.max_staleness is {cfg.schedule.max_staleness} with grpo.loss_type {g.loss_type}, "
                      f"which has no importance ratio: batches sampled by older weights are used uncorrected; "
                      f"set grpo.rollout_is: tis (or use grpo_clip)")
@@ -337,6 +344,6 @@ def check_nodes(t: TopologyConfig) -> None:
              f"topology.node_rank: must be between 0 and topology.nodes - 1 ({t.nodes - 1}), got {t.node_rank}")
     _require(t.nodes == 1 or t.world_size() % t.nodes == 0,
              f"topology.nodes: {t.world_size()} ranks do not split evenly over {t.nodes} nodes")
-    if t.nodes > 1 and t.launcher == "no_ssh":
-        _require(bool(t.master_addr), "topology.master_addr: required with topology.launcher=no_ssh (node 0's "
-                                      "address, as every node reaches it)")
+    if t.nodes > 1 and LAUNCHERS[t.launcher].per_node_launch:
+        _require(bool(t.master_addr), f"topology.master_addr: required with topology.launcher={t.launcher} (node 0's "
+                                      f"address, as every node reaches it)")

@@ -14,7 +14,8 @@ prints shell assignments that `launch/_launch.sh` evaluates:
 
 One node: `--num_gpus N --master_port P`.  Several nodes (`topology.nodes > 1`) go through
 DeepSpeed's own launchers with `output.hostfile`: pdsh over ssh (the default), slurm and the MPI
-launchers, or `no_ssh`, one launch per node with its `topology.node_rank`.  Ranks fill the nodes in
+launchers, or `no_ssh`, one launch per node with its `topology.node_rank`; each launcher's record and
+options are in `rlft.config.launchers`.  Ranks fill the nodes in
 order, `world / nodes` per node: node n holds ranks [n * per_node, (n + 1) * per_node).
 
 Exit status 2 with one line on stderr for any config mistake, before anything is launched.  Nothing
@@ -32,12 +33,11 @@ from pathlib import Path
 
 from rlft.common import free_port
 from rlft.config import ConfigError, RunConfig, TopologyConfig, load_config_or_exit
+from rlft.config.launchers import LAUNCHERS, NodesLaunch, launcher_options
 from rlft.config.preflight import preflight
 from rlft.config.outdir_lock import OutputDirInUse
 
 DEFAULT_MULTINODE_PORT = 29500
-# DeepSpeed's MPI launchers start every slot of the hostfile and refuse --num_nodes / --num_gpus.
-MPI_LAUNCHERS = ("openmpi", "mpich", "impi", "mvapich")
 _HOST_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")  # DeepSpeed's hostfile syntax
 
 
@@ -83,7 +83,7 @@ def read_hostfile(path: str | Path) -> list[tuple[str, int]]:
 def check_hostfile(hosts: list[tuple[str, int]], t: TopologyConfig, per_node: int, path: str) -> None:
     """The hostfile must hold the topology's nodes: enough hosts, each with a slot per rank.
     The MPI launchers start every slot listed, so for them the file must match exactly."""
-    exact = t.launcher in MPI_LAUNCHERS
+    exact = LAUNCHERS[t.launcher].starts_every_slot
     if len(hosts) < t.nodes or (exact and len(hosts) != t.nodes):
         raise ConfigError(f"output.hostfile: {path} lists {len(hosts)} host(s) but topology.nodes is {t.nodes}"
                           + (f" (the {t.launcher} launcher uses every host listed)" if exact else ""))
@@ -138,44 +138,25 @@ def make_plan(cfg: RunConfig, gpus_available: int = -1) -> LaunchPlan:
         return LaunchPlan(world, 1, per_node, ["--num_gpus", str(per_node), "--master_port", str(port)],
                           placement=where)
 
-    if not cfg.output.hostfile:
-        raise ConfigError("output.hostfile: required when topology.nodes > 1 (one line per node: "
-                          "'HOST slots=RANKS')")
-    hosts = read_hostfile(cfg.output.hostfile)
-    check_hostfile(hosts, t, per_node, cfg.output.hostfile)
+    launcher = LAUNCHERS[t.launcher]
+    args, hosts = [], []
+    if launcher.needs_hostfile:
+        if not cfg.output.hostfile:
+            raise ConfigError("output.hostfile: required when topology.nodes > 1 (one line per node: "
+                              "'HOST slots=RANKS')")
+        hosts = read_hostfile(cfg.output.hostfile)
+        check_hostfile(hosts, t, per_node, cfg.output.hostfile)
+        args = ["--hostfile", cfg.output.hostfile]
+    if launcher.per_node_launch and t.node_rank is None:
+        raise ConfigError(f"topology.node_rank: required with topology.launcher={t.launcher}; start one launch on "
+                          f"every node with topology.node_rank=0 .. {nodes - 1}")
     port = t.master_port or DEFAULT_MULTINODE_PORT
-    args = ["--hostfile", cfg.output.hostfile, "--master_port", str(port)]
-    plan = LaunchPlan(world, nodes, per_node, args, placement=where)
-    if t.launcher in MPI_LAUNCHERS:
-        # The MPI launchers take every host and slot of the hostfile (checked above to match).
-        pass
-    elif t.launcher == "slurm" and gpus_available < 0:
-        args += ["--num_nodes", str(nodes)]  # CPU: srun's --gpus-per-node (from --num_gpus) would fail
-    else:
-        args += ["--num_nodes", str(nodes), "--num_gpus", str(per_node)]
-
-    if t.launcher == "no_ssh":
-        if t.node_rank is None:
-            raise ConfigError(f"topology.node_rank: required with topology.launcher=no_ssh; start one launch on "
-                              f"every node with topology.node_rank=0 .. {nodes - 1}")
-        args += ["--no_ssh", "--node_rank", str(t.node_rank), "--master_addr", t.master_addr]
-    elif t.launcher == "pdsh":
-        if t.master_addr:  # otherwise DeepSpeed asks the first host over ssh (`hostname -I`)
-            args += ["--master_addr", t.master_addr]
-    else:
-        # srun / mpirun start the ranks themselves: no ssh check, and the ranks learn the master
-        # address and port from their command line (not every launcher passes MASTER_ADDR on).
-        addr = t.master_addr or hosts[0][0]
-        args += ["--launcher", t.launcher, "--no_ssh_check", "--master_addr", addr]
-        plan.rank_args = [f"topology.master_addr={addr}", f"topology.master_port={port}"]
-    launcher_args = t.launcher_args
-    if t.launcher == "slurm" and "--ntasks-per-node" not in launcher_args:
-        # srun places ranks by count: keep DeepSpeed's order, per_node consecutive ranks per node.
-        launcher_args = f"--ntasks-per-node={per_node} {launcher_args}".strip()
-    if launcher_args:
-        args.append(f"--launcher_args={launcher_args}")  # one word: its value may start with --
-    if t.launcher == "slurm":
-        plan.entry = "script"  # DeepSpeed's slurm launcher runs `python SCRIPT`, never `python -m`
+    launch = NodesLaunch(launcher, t, per_node, hosts, port, on_gpus=gpus_available >= 0)
+    plan = LaunchPlan(world, nodes, per_node, [*args, "--master_port", str(port), *launcher_options(launch)],
+                      entry="module" if launcher.runs_modules else "script", placement=where)
+    if launcher.starts_ranks:
+        # Not every launcher passes MASTER_ADDR on: the ranks learn the address and port from their command line.
+        plan.rank_args = [f"topology.master_addr={launch.master_addr}", f"topology.master_port={port}"]
     return plan
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rlft.common import looks_like_hub_id
 from rlft.config import ConfigError, RunConfig
+from rlft.grpo import POLICY_LOSSES
 from rlft.models.loading import DEFAULT_MODEL, ModelPathError, check_model_dir, default_model_gguf
 
 
@@ -39,11 +40,12 @@ def check_model_path(spec: str, key: str = "model.path") -> None:
 def check_grpo_can_learn(cfg: RunConfig) -> None:
     """Refuse GRPO settings under which no step can ever change the policy or draw its batch."""
     g, d = cfg.grpo, cfg.data
-    if g.group_size < 2 and g.loss_type != "no_baseline":
+    if g.group_size < 2 and POLICY_LOSSES[g.loss_type].uses_groups:  # the record the config checks read too
+        without_groups = [name for name, loss in POLICY_LOSSES.items() if not loss.uses_groups]
         raise ConfigError(
             f"grpo.group_size: 1 with grpo.loss_type {g.loss_type}: the advantage is the reward minus its group's "
-            f"mean, always 0 in a group of one, so no step has a gradient; set grpo.group_size >= 2 (or "
-            f"grpo.loss_type=no_baseline)")
+            f"mean, always 0 in a group of one, so no step has a gradient; set grpo.group_size >= 2"
+            + (f" (or grpo.loss_type={' or '.join(without_groups)})" if without_groups else ""))
     prompts_per_step = cfg.optim.rollout_batch_size // g.group_size
     if d.train_size is not None and d.train_size < prompts_per_step:
         raise ConfigError(

@@ -6,12 +6,21 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from rlft.data import GSM_SYMBOLIC
 from rlft.engines.base import SamplingSpec, check_sampling_ranges  # noqa: F401  (the ranges, re-exported)
+from rlft.grpo.choices import (
+    DEFAULT_ADVANTAGE_ESTIMATOR,
+    DEFAULT_AGGREGATION,
+    DEFAULT_KL_ESTIMATOR,
+    OLD_LOGPROB_SOURCES,
+    ROLLOUT_IS_MODES,
+)
+from rlft.models.loading import DEFAULT_MODEL
+from rlft.prompts import DEFAULT_PROMPT_TEMPLATE
+from rlft.reward.formats import DEFAULT_ANSWER_FORMAT
+from rlft.reward.functions import DEFAULT_REWARD_FN
 
 _SPEC = SamplingSpec()  # the engines' sampling defaults are the config's
-
-# DeepSpeed's multi-node launchers (`deepspeed --launcher`), and its per-node mode without ssh.
-LAUNCHERS = ("pdsh", "slurm", "openmpi", "mpich", "impi", "mvapich", "no_ssh")
 
 class ConfigError(ValueError):
     """A configuration mistake; the message names the key path."""
@@ -44,7 +53,7 @@ class LoRAConfig:
 
 @dataclass
 class ModelConfig:
-    path: str = "smollm2-135m-instruct"  # HF hub id, local HF directory, .gguf file, or the offline default
+    path: str = DEFAULT_MODEL  # HF hub id, local HF directory, .gguf file, or the offline default (smollm2-135m-instruct)
     dtype: str = "auto"  # auto = bf16 on GPU, fp32 on CPU
     attn_implementation: str = "sdpa"  # sdpa | eager
     activation_checkpointing: bool = False
@@ -57,7 +66,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "gsm_symbolic"  # gsm_symbolic | reasoning_gym:TASK[?k=v&...] (generated) | openai/gsm8k | local .jsonl/.parquet/dir
+    source: str = GSM_SYMBOLIC  # gsm_symbolic | reasoning_gym:TASK[?k=v&...] (generated) | openai/gsm8k | local .jsonl/.parquet/dir
     train_split: str = "train"
     eval_split: str = "test"
     train_size: int | None = 2000  # None = the whole split (gsm_symbolic needs a size)
@@ -65,7 +74,7 @@ class DataConfig:
     # r1_zero (the seed's text prompt, for base models) | question_only | r1_short | a literal text with
     # {question} | chat: the tokenizer's chat template, user message = question + the answer format's
     # instruction (instruct models)
-    prompt_template: str = "r1_zero"
+    prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     system_prompt: str | None = None  # chat: an optional system message
     # chat messages given literally ([{role, content}], {question} and {instruction} filled in); overrides
     # prompt_template
@@ -109,10 +118,10 @@ class GRPOConfig:
     cliprange: float = 0.2
     cliprange_high: float | None = None  # DAPO clip-higher upper bound (loss_type dapo)
     advantage_eps: float = 1e-6
-    advantage_estimator: str = "grpo"  # grpo (÷ group std) | dr_grpo (mean only; with aggregation constant = Dr. GRPO)
+    advantage_estimator: str = DEFAULT_ADVANTAGE_ESTIMATOR  # grpo (÷ group std) | dr_grpo (mean only; with aggregation constant = Dr. GRPO)
     kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    aggregation: str = "sequence"  # sequence (the original) | token | constant (Dr. GRPO)
+    kl_estimator: str = DEFAULT_KL_ESTIMATOR  # k3 (unbiased, never negative) | k1 | k2
+    aggregation: str = DEFAULT_AGGREGATION  # sequence (the original) | token | constant (Dr. GRPO)
     old_logprobs: str = "policy"  # policy = the weights that sampled; reference = the original's frozen model
     epochs_per_rollout: int = 1
     # Dynamic sampling: draw fresh prompts until the step holds `rollout_batch_size / group_size`
@@ -139,19 +148,20 @@ class GRPOConfig:
 
     @property
     def needs_reference(self) -> bool:
-        """The frozen reference's log-probs enter the loss (KL, or the original's old log-probs)."""
-        return self.kl_coef > 0 or self.old_logprobs == "reference"
+        """The frozen reference's log-probs enter the loss (KL, or old log-probs whose source is the
+        reference, as the original's)."""
+        return self.kl_coef > 0 or OLD_LOGPROB_SOURCES[self.old_logprobs].needs_reference
 
     @property
     def recomputes_old_logprobs(self) -> bool:
-        """Several optimizer steps per rollout: the sampling policy's log-probs are computed once
-        before the first (with one step they equal the current log-probs)."""
-        return self.epochs_per_rollout > 1 and self.old_logprobs == "policy"
+        """Several optimizer steps per rollout with old log-probs of the sampling policy: they are
+        computed once before the first (with one step they equal the current log-probs)."""
+        return self.epochs_per_rollout > 1 and OLD_LOGPROB_SOURCES[self.old_logprobs].recomputed
 
     def loss_reads_sampler_logprobs(self, max_staleness: int) -> bool:
-        """The loss itself reads the sampler's log-probs: TIS, or off-policy batches whose old
-        log-probs are the sampler's (`schedule.max_staleness` > 0)."""
-        return self.rollout_is != "none" or max_staleness > 0
+        """The loss itself reads the sampler's log-probs: a rollout IS correction that reads them (tis),
+        or off-policy batches whose old log-probs are the sampler's (`schedule.max_staleness` > 0)."""
+        return ROLLOUT_IS_MODES[self.rollout_is].reads_sampler_logprobs or max_staleness > 0
 
     def wants_sampler_logprobs(self, step: int, max_staleness: int) -> bool:
         """The rollouts of `step` ask the engine for each token's log-prob: when the loss reads them,
@@ -161,10 +171,10 @@ class GRPOConfig:
 
 @dataclass
 class RewardConfig:
-    fn: str = "rlft.reward.grader:r1_zero_reward_fn"  # the built-in grader: 1 = right format and answer
+    fn: str = DEFAULT_REWARD_FN  # the built-in grader (r1_zero_reward_fn): 1 = right format and answer
     # where the final answer is (rlft/reward/formats.py): r1_tags (the seed's <think>/<answer>) | boxed
     # (the last \boxed{}, what instruct models write) | gsm8k (a last line "#### N")
-    answer_format: str = "r1_tags"
+    answer_format: str = DEFAULT_ANSWER_FORMAT
     format_weight: float = 0.0  # shaping: + weight x format reward (0 = the original reward)
     timeout_s: float = 1.0  # per response: a check that takes longer scores 0 and is counted
 

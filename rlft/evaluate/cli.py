@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlft.common import DTYPE_CHOICES, looks_like_hub_id, resolve_dtype
+from rlft.prompts import DEFAULT_PROMPT_TEMPLATE
+from rlft.reward.formats import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, get_answer_format
 
 PROG = "rlft.evaluate"
 EXIT_BAD_INPUT = 2
@@ -164,9 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "and answer format (reward.answer_format)")
     p.add_argument("--prompt-template", default=None,
                    help="registered template name, 'chat' (the model's chat template) or a literal with "
-                        "{question} (default: the config's, else r1_zero)")
+                        f"{{question}} (default: the config's, else {DEFAULT_PROMPT_TEMPLATE})")
     p.add_argument("--answer-format", default=None,
-                   help="r1_tags | boxed | gsm8k: where the answer is (default: the config's, else r1_tags)")
+                   help=f"{' | '.join(ANSWER_FORMATS)}: where the answer is (default: the config's, else "
+                        f"{DEFAULT_ANSWER_FORMAT})")
     p.add_argument("--seed", type=int, default=0,
                    help="sampling seed, and gsm_symbolic's generator seed (default: %(default)s)")
     p.add_argument("--out", default=None, help="output directory (default: see above)")
@@ -228,9 +231,7 @@ def build_spec(args: argparse.Namespace):
     strings: the answer format's)."""
     from rlft.config import SamplingConfig
     from rlft.engines.base import sampling_spec
-    from rlft.reward.formats import get_answer_format
-
-    fmt = get_answer_format(args.prompt.answer_format if hasattr(args, "prompt") else "r1_tags")
+    fmt = get_answer_format(args.prompt.answer_format if hasattr(args, "prompt") else DEFAULT_ANSWER_FORMAT)
     run = getattr(args, "run_config", None)
     # A run's config also gives its repetition penalty and forced minimum (what its evaluations use).
     base = {} if run is None else {"repetition_penalty": run.sampling.repetition_penalty,

@@ -34,7 +34,8 @@ from typing import Any, Sequence
 from rlft.data import Example
 from rlft.engines.base import SamplingSpec
 from rlft.reward.grader import grade_batch
-from rlft.prompts import Prompt
+from rlft.prompts import DEFAULT_PROMPT_TEMPLATE, Prompt
+from rlft.reward.formats import DEFAULT_ANSWER_FORMAT
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def score_responses(
     response_lengths: Sequence[Sequence[int]],
     *,
     k: int = 1,
-    answer_format: str = "r1_tags",
+    answer_format: str = DEFAULT_ANSWER_FORMAT,
 ) -> tuple[list[dict], dict]:
     """Grade ``n`` sampled responses per example (in ``answer_format``) and summarise them.
 
@@ -176,7 +177,7 @@ def evaluate(
     spec: SamplingSpec,
     k: int = 1,
     batch_size: int | None = None,
-    prompt_template: str | Prompt = "r1_zero",
+    prompt_template: str | Prompt = DEFAULT_PROMPT_TEMPLATE,
     progress: bool = True,
 ) -> tuple[list[dict], dict]:
     """Generate responses for ``examples`` with ``engine`` and score them.

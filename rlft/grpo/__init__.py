@@ -10,14 +10,16 @@ DeepSpeed. The trainer's last pipeline stage calls :func:`policy_loss`, which co
 
 One module per piece:
 
-    choices.py        the choices the config names (losses, advantage and KL estimators, aggregation and
-                      rollout-IS modes), one record each with its properties; torch-free
+    choices.py        the choices the config names (losses, advantage and KL estimators, aggregation,
+                      overlong and rollout-IS modes, old log-probs' sources), one record each with its
+                      properties; torch-free
     advantages.py     advantage estimators' functions, compute_group_normalized_rewards
     losses.py         the per-token policy-gradient losses' functions (a new loss goes here and in choices.py)
     kl.py             KL estimators' functions, and the entropy
-    reductions.py     masked mean / normalise, aggregate_loss
+    reductions.py     masked mean / normalise, the aggregations' functions, aggregate_loss
     training_loss.py  policy_loss: the pieces combined, with the metrics the trainer logs
-    rollout_correction.py  the sampler's log-probs against the trainer's: mismatch metrics, TIS weights
+    rollout_correction.py  the sampler's log-probs against the trainer's: mismatch metrics, the rollout IS
+                      corrections' functions (TIS weights)
 
 The package loads the maths modules (and torch) on first use of one of their names: the records of
 ``choices.py``, which the launch's config checks read, come without them.
@@ -50,7 +52,15 @@ from __future__ import annotations
 
 import importlib
 
-from rlft.grpo.choices import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
+from rlft.grpo.choices import (
+    ADVANTAGE_ESTIMATORS,
+    AGGREGATION_MODES,
+    KL_ESTIMATORS,
+    OLD_LOGPROB_SOURCES,
+    OVERLONG_MODES,
+    POLICY_LOSSES,
+    ROLLOUT_IS_MODES,
+)
 
 # The maths' names, by the module that holds them; each module is imported when one of its names is
 # first asked for (PEP 562), so `from rlft.grpo import POLICY_LOSSES` loads no torch.
@@ -59,9 +69,10 @@ _MATHS = {
     "kl": ("compute_entropy", "compute_kl", "register_kl_estimator"),
     "losses": ("compute_grpo_clip_loss", "compute_naive_policy_gradient_loss", "compute_policy_gradient_loss",
                "register_policy_loss"),
-    "reductions": ("aggregate_loss", "masked_mean", "masked_normalize"),
-    "rollout_correction": ("ROLLOUT_MISMATCH_METRIC_KEYS", "MicroBatchMismatch", "rollout_mismatch_metrics",
-                           "rollout_mismatch_sums", "truncated_is_weights"),
+    "reductions": ("aggregate_loss", "masked_mean", "masked_normalize", "register_aggregation"),
+    "rollout_correction": ("ROLLOUT_MISMATCH_METRIC_KEYS", "MicroBatchMismatch", "register_rollout_is",
+                           "rollout_is_weights", "rollout_mismatch_metrics", "rollout_mismatch_sums",
+                           "truncated_is_weights"),
     "training_loss": ("POLICY_LOSS_METRIC_KEYS", "policy_loss"),
 }
 _MODULE_OF = {name: module for module, names in _MATHS.items() for name in names}
@@ -75,5 +86,5 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = sorted(["ADVANTAGE_ESTIMATORS", "AGGREGATION_MODES", "KL_ESTIMATORS", "POLICY_LOSSES", "ROLLOUT_IS_MODES",
-                  *_MODULE_OF])
+__all__ = sorted(["ADVANTAGE_ESTIMATORS", "AGGREGATION_MODES", "KL_ESTIMATORS", "OLD_LOGPROB_SOURCES", "OVERLONG_MODES",
+                  "POLICY_LOSSES", "ROLLOUT_IS_MODES", *_MODULE_OF])

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from rlft.grpo.choices import ADVANTAGE_ESTIMATORS, AdvantageEstimator, Implementations
+from rlft.grpo.choices import ADVANTAGE_ESTIMATORS, DEFAULT_ADVANTAGE_ESTIMATOR, AdvantageEstimator, Implementations
 
 
 def _unbiased_std(x: Tensor, dim: Optional[int] = None) -> Tensor:
@@ -53,7 +53,7 @@ def compute_group_normalized_rewards(
     raw_rewards: Tensor,
     group_size: int,
     advantage_eps: float,
-    estimator: str = "grpo",
+    estimator: str = DEFAULT_ADVANTAGE_ESTIMATOR,
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """Group-relative advantages of the registered ``estimator``: by default each reward minus its
     group's mean, ÷ (group std + eps).

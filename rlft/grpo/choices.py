@@ -1,16 +1,27 @@
 """The GRPO family's choices as the config names them: one record per choice, carrying the properties
 the config checks and warnings read (never the names).
 
-    POLICY_LOSSES         grpo.loss_type              PolicyLoss: uses_ratio, uses_groups, requires
-    ADVANTAGE_ESTIMATORS  grpo.advantage_estimator    AdvantageEstimator: divides_by_std
-    KL_ESTIMATORS         grpo.kl_estimator           KLEstimator: unbiased, nonnegative
-    AGGREGATION_MODES     grpo.aggregation            (rlft.grpo.reductions.aggregate_loss)
-    ROLLOUT_IS_MODES      grpo.rollout_is             (rlft.grpo.rollout_correction)
+    POLICY_LOSSES         grpo.loss_type            PolicyLoss: uses_ratio, uses_groups, requires
+    ADVANTAGE_ESTIMATORS  grpo.advantage_estimator  AdvantageEstimator: divides_by_std
+    KL_ESTIMATORS         grpo.kl_estimator         KLEstimator: unbiased, nonnegative
+    AGGREGATION_MODES     grpo.aggregation          Aggregation: fixed_length
+    OVERLONG_MODES        grpo.overlong             OverlongMode: changes_rewards, masks_rows, uses
+    ROLLOUT_IS_MODES      grpo.rollout_is           RolloutCorrection: reads_sampler_logprobs
+    OLD_LOGPROB_SOURCES   grpo.old_logprobs         OldLogprobSource: needs_reference, recomputed
 
 Nothing here imports torch: `rlft.config.launch_plan` checks a config before any rank starts without loading
-it.  A record's function is written with its maths (`losses.py`, `advantages.py`, `kl.py`) and attached
-to the record by name there, through that module's :class:`Implementations`; a new choice is its record
-here plus its function there.
+it.  A record's function is written with its maths and attached to the record by name there, through that
+module's :class:`Implementations`:
+
+    losses.py, advantages.py, kl.py      the losses, advantage and KL estimators
+    reductions.py                        the aggregations
+    rlft/batching/overlong.py            the overlong modes
+    rollout_correction.py                the rollout IS corrections (per-token weights)
+    rlft/objectives.py                   the old log-probs' sources
+
+A new choice is its record here plus its function there (or, for a choice that is not one of rlft's own,
+one ``register_*`` call in that module).  The config's checks, its warnings and the code that runs a choice
+read the record's properties, never the name.
 """
 
 from __future__ import annotations
@@ -64,6 +75,66 @@ class KLEstimator:
     nonnegative: bool
 
 
+@dataclass(frozen=True)
+class Aggregation:
+    """How a per-token loss becomes one scalar (``grpo.aggregation``); its function is in
+    :mod:`rlft.grpo.reductions`.
+
+    * ``fixed_length``: it divides by a fixed length per response (``constant_normalizer``; the GRPO
+      objective passes ``sampling.max_tokens``) rather than by the tokens sampled, so it needs one.
+    """
+
+    name: str
+    fixed_length: bool = False
+
+
+@dataclass(frozen=True)
+class OverlongMode:
+    """What happens to responses cut by ``sampling.max_tokens`` (``grpo.overlong``); its function is in
+    :mod:`rlft.batching.overlong`.
+
+    * ``changes_rewards``: it adds to their rewards before the group advantages are computed (the
+      advantages and ``raw_rewards`` include it, the logged reward/* do not).
+    * ``masks_rows``: it zeroes the response mask of the rows it picks: no loss on them (their rewards
+      still count in their group's advantages).
+    * ``uses``: the ``grpo.*`` settings it reads; their ranges are checked when it is chosen.
+    """
+
+    name: str
+    changes_rewards: bool = False
+    masks_rows: bool = False
+    uses: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RolloutCorrection:
+    """A correction of the policy gradient for the sampler's log-probs differing from the trainer's
+    (``grpo.rollout_is``); its function, the per-token weights (or None: none), is in
+    :mod:`rlft.grpo.rollout_correction`.
+
+    * ``reads_sampler_logprobs``: the loss reads the sampler's log-prob of every token, so every
+      step's rollouts ask the engine for them (which slows vLLM's sampling).
+    """
+
+    name: str
+    reads_sampler_logprobs: bool
+
+
+@dataclass(frozen=True)
+class OldLogprobSource:
+    """Whose log-probs are the ratio's π_old (``grpo.old_logprobs``); its function, which picks them for
+    a micro-batch, is in :mod:`rlft.objectives`.
+
+    * ``needs_reference``: they come from the frozen reference, so every batch visits the reference role.
+    * ``recomputed``: they are the sampling policy's own: with several optimizer steps per rollout
+      (``grpo.epochs_per_rollout`` > 1) the policy computes them once, before the first.
+    """
+
+    name: str
+    needs_reference: bool
+    recomputed: bool
+
+
 # rlft's own choices, in the order the config's messages list them.
 POLICY_LOSSES: dict[str, PolicyLoss] = {r.name: r for r in (
     PolicyLoss("no_baseline", uses_ratio=False, uses_groups=False),
@@ -81,8 +152,29 @@ KL_ESTIMATORS: dict[str, KLEstimator] = {r.name: r for r in (
     KLEstimator("k2", unbiased=False, nonnegative=True),
     KLEstimator("k3", unbiased=True, nonnegative=True),
 )}
-AGGREGATION_MODES = ("sequence", "token", "constant")
-ROLLOUT_IS_MODES = ("none", "tis")
+AGGREGATION_MODES: dict[str, Aggregation] = {r.name: r for r in (
+    Aggregation("sequence"),
+    Aggregation("token"),
+    Aggregation("constant", fixed_length=True),
+)}
+OVERLONG_MODES: dict[str, OverlongMode] = {r.name: r for r in (
+    OverlongMode("none"),
+    OverlongMode("filter", masks_rows=True),
+    OverlongMode("soft_penalty", changes_rewards=True, uses=("overlong_buffer", "overlong_penalty")),
+)}
+ROLLOUT_IS_MODES: dict[str, RolloutCorrection] = {r.name: r for r in (
+    RolloutCorrection("none", reads_sampler_logprobs=False),
+    RolloutCorrection("tis", reads_sampler_logprobs=True),
+)}
+OLD_LOGPROB_SOURCES: dict[str, OldLogprobSource] = {r.name: r for r in (
+    OldLogprobSource("policy", needs_reference=False, recomputed=True),
+    OldLogprobSource("reference", needs_reference=True, recomputed=False),
+)}
+
+# The config's defaults (rlft.config.schema.GRPOConfig), and those of the maths' functions.
+DEFAULT_ADVANTAGE_ESTIMATOR = "grpo"
+DEFAULT_KL_ESTIMATOR = "k3"
+DEFAULT_AGGREGATION = "sequence"
 
 F = TypeVar("F", bound=Callable)
 
@@ -91,16 +183,17 @@ class Implementations(dict):
     """The functions of one registry's records, by name: kept by the module that holds their maths,
     which attaches each one with :meth:`of`."""
 
-    def __init__(self, records: dict, kind: str) -> None:
+    def __init__(self, records: dict, kind: str, home: str = "rlft.grpo.choices") -> None:
+        """`home`: the module declaring the records (named in the error for a function without one)."""
         super().__init__()
-        self.records, self.kind = records, kind
+        self.records, self.kind, self.home = records, kind, home
 
     def of(self, name: str) -> Callable[[F], F]:
         """Decorator: the function is that of the record ``name`` declared above."""
 
         def attach(fn: F) -> F:
             if name not in self.records:
-                raise ValueError(f"{self.kind} {name!r} has no record in rlft.grpo.choices")
+                raise ValueError(f"{self.kind} {name!r} has no record in {self.home}")
             if name in self:
                 raise ValueError(f"{self.kind} {name!r} already has a function")
             self[name] = fn

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from rlft.grpo.choices import KL_ESTIMATORS, Implementations, KLEstimator
+from rlft.grpo.choices import DEFAULT_KL_ESTIMATOR, KL_ESTIMATORS, Implementations, KLEstimator
 
 KLFn = Callable[[Tensor, Tensor], Tensor]  # (policy_log_probs [B, T], ref_log_probs [B, T]) -> [B, T]
 
@@ -43,7 +43,7 @@ def _k3(policy_log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     return torch.exp(d) - d - 1.0
 
 
-def compute_kl(policy_log_probs: Tensor, ref_log_probs: Tensor, estimator: str = "k3") -> Tensor:
+def compute_kl(policy_log_probs: Tensor, ref_log_probs: Tensor, estimator: str = DEFAULT_KL_ESTIMATOR) -> Tensor:
     """Per-token estimate of KL(π ‖ π_ref) from tokens sampled from π (Schulman, "Approximating KL
     divergence", 2020). With ``d = ref_logp - logp``:
 

@@ -17,14 +17,22 @@ log-probs of the weights that sampled). Per response token, with ``ρ = π_train
 Both sides are log-probs of the model's raw logits at temperature 1 (the engines report vLLM's
 ``raw_logprobs``): the deliberate reshaping of the sampling distribution by temperature, repetition
 penalty and top-p is neither measured nor corrected here, only the engines' disagreement.
+
+The corrections (``grpo.rollout_is``) are records in :data:`ROLLOUT_IS_MODES`, declared with their
+properties in :mod:`rlft.grpo.choices`; each one's function, attached here with
+``@ROLLOUT_IS_FUNCTIONS.of(name)``, gives the per-token weights of the policy-gradient term (None: no
+weighting).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
+
+from rlft.grpo.choices import ROLLOUT_IS_MODES, Implementations, RolloutCorrection
 
 # |log ρ| beyond this is clamped before exp (ρ in [2e-9, 5e8]): a token the sampler gave a
 # vanishing probability would otherwise overflow float32 and turn the metrics into inf.
@@ -61,6 +69,42 @@ def truncated_is_weights(trainer_log_probs: Tensor, sampler_log_probs: Tensor, c
     if not cap > 0:
         raise ValueError(f"the TIS cap must be > 0, got {cap}")
     return torch.exp(rollout_log_ratio(trainer_log_probs, sampler_log_probs).clamp(max=math.log(cap)))
+
+
+# (trainer_log_probs [B, T], sampler_log_probs [B, T] or None, cap) -> weights [B, T] without gradient, or None
+RolloutISFn = Callable[[Tensor, Optional[Tensor], float], Optional[Tensor]]
+
+# Each correction's function, by the name of its record in ROLLOUT_IS_MODES.
+ROLLOUT_IS_FUNCTIONS = Implementations(ROLLOUT_IS_MODES, "rollout IS mode")
+
+
+def register_rollout_is(name: str, *, reads_sampler_logprobs: bool) -> Callable[[RolloutISFn], RolloutISFn]:
+    """Decorator adding a correction that is not one of rlft's own to :data:`ROLLOUT_IS_MODES` under
+    ``name``, with its properties (see :class:`~rlft.grpo.choices.RolloutCorrection`)."""
+    return ROLLOUT_IS_FUNCTIONS.register(RolloutCorrection(name, reads_sampler_logprobs))
+
+
+@ROLLOUT_IS_FUNCTIONS.of("none")
+def _no_correction(trainer_log_probs: Tensor, sampler_log_probs: Optional[Tensor], cap: float) -> None:
+    return None
+
+
+@ROLLOUT_IS_FUNCTIONS.of("tis")
+def _truncated_is(trainer_log_probs: Tensor, sampler_log_probs: Optional[Tensor], cap: float) -> Tensor:
+    if sampler_log_probs is None:
+        raise ValueError("rollout_is 'tis' needs the sampler's log-probs of the batch")
+    return truncated_is_weights(trainer_log_probs, sampler_log_probs, cap)
+
+
+def rollout_is_weights(mode: str, trainer_log_probs: Tensor, sampler_log_probs: Optional[Tensor],
+                       cap: float) -> Optional[Tensor]:
+    """The per-token weights ``[B, T]`` (no gradient) of the correction ``mode`` (a key of
+    :data:`ROLLOUT_IS_MODES`) for the policy-gradient term, or None where it weighs nothing.
+    ``trainer_log_probs``: the trainer's log-probs of the weights that sampled."""
+    if mode not in ROLLOUT_IS_FUNCTIONS:
+        raise ValueError(f"unknown rollout IS mode {mode!r}; valid: {', '.join(ROLLOUT_IS_MODES)}")
+    weights = ROLLOUT_IS_FUNCTIONS[mode](trainer_log_probs, sampler_log_probs, cap)
+    return None if weights is None else weights.detach()
 
 
 def rollout_mismatch_sums(trainer_log_probs: Tensor, sampler_log_probs: Tensor, mask: Tensor,

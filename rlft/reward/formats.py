@@ -91,7 +91,7 @@ def split_gsm8k(response: str) -> tuple[bool, str | None]:
     return True, (answer or None)
 
 
-register_answer_format(AnswerFormat(
+R1_TAGS = register_answer_format(AnswerFormat(
     name="r1_tags",
     split=split_response,
     stop=(ANSWER_CLOSE,),
@@ -101,6 +101,8 @@ register_answer_format(AnswerFormat(
         f"{'' if continues_think else '<think>'} {reasoning} </think> <answer> {final} </answer>"),
     description="the R1-Zero contract: <think> ... </think> <answer> ... </answer>",
 ))
+# reward.answer_format's default, and that of every function taking an answer format.
+DEFAULT_ANSWER_FORMAT = R1_TAGS.name
 
 register_answer_format(AnswerFormat(
     name="boxed",

@@ -42,7 +42,7 @@ import math
 from typing import Callable, Sequence
 
 from rlft.reward.worker import import_function
-from rlft.reward.formats import get_answer_format
+from rlft.reward.formats import DEFAULT_ANSWER_FORMAT, get_answer_format
 from rlft.reward.grader import Grader, default_grader
 from rlft.reward.pool import DEFAULT_TIMEOUT_PER_ITEM, GradeStats
 
@@ -70,7 +70,7 @@ def validate_format_weight(format_weight: float) -> float:
     return float(format_weight)
 
 
-def format_ok(response: str, answer_format: str = "r1_tags") -> bool:
+def format_ok(response: str, answer_format: str = DEFAULT_ANSWER_FORMAT) -> bool:
     """Whether ``response`` is well-formed in ``answer_format`` (:mod:`rlft.reward.formats`)."""
     return get_answer_format(answer_format).split(response)[0]
 
@@ -91,7 +91,7 @@ class BatchReward:
         timeout_s: float = DEFAULT_TIMEOUT_PER_ITEM,
         total_timeout_s: float | None = None,
         grader: Grader | None = None,
-        answer_format: str = "r1_tags",
+        answer_format: str = DEFAULT_ANSWER_FORMAT,
     ):
         self.fn = fn.strip() if isinstance(fn, str) else fn
         self.answer_format = get_answer_format(answer_format).name
@@ -144,7 +144,7 @@ def make_reward_fn(
     timeout_s: float = DEFAULT_TIMEOUT_PER_ITEM,
     total_timeout_s: float | None = None,
     grader: Grader | None = None,
-    answer_format: str = "r1_tags",
+    answer_format: str = DEFAULT_ANSWER_FORMAT,
 ) -> BatchReward:
     """A callable ``(responses, ground_truths) -> list[dict]`` for the reward named ``fn``.
 

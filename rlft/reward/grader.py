@@ -58,7 +58,7 @@ from rlft.reward.answers import (
     decide_in_process,
     ground_truth_texts,
 )
-from rlft.reward.formats import get_answer_format
+from rlft.reward.formats import DEFAULT_ANSWER_FORMAT, get_answer_format
 from rlft.reward.pool import (
     DEFAULT_START_TIMEOUT,
     DEFAULT_TIMEOUT_PER_ITEM,
@@ -106,7 +106,7 @@ class Grader(WorkerPool):
         timeout_per_item: float | None = None,
         total_timeout: float | None = None,
         workers: int | None = None,
-        answer_format: str = "r1_tags",
+        answer_format: str = DEFAULT_ANSWER_FORMAT,
     ) -> list[dict[str, float]]:
         """Reward dicts for a rollout, ``[len(responses)]``, symbolic checks run in parallel.
 
@@ -254,7 +254,7 @@ def grade_batch(
     total_timeout: float | None = None,
     workers: int | None = None,
     fast: bool = True,
-    answer_format: str = "r1_tags",
+    answer_format: str = DEFAULT_ANSWER_FORMAT,
 ) -> list[dict[str, float]]:
     """Reward dicts for a rollout, ``[len(responses)]``, in parallel on the default grader's
     workers (:func:`r1_zero_reward_fn` for each with the default ``answer_format``); see

@@ -17,8 +17,8 @@ from rlft.data import Example
 from rlft.batching.dynamic_sampling import GroupPool, group_rows, informative_groups
 from rlft.engines.base import RolloutEngine
 from rlft.envs.metrics import episode_metrics, episode_sample
-from rlft.grpo import compute_group_normalized_rewards
-from rlft.batching.overlong import soft_overlong_penalty, truncated_rows
+from rlft.grpo import OVERLONG_MODES, compute_group_normalized_rewards
+from rlft.batching.overlong import OverlongOutcome, overlong_outcome
 from rlft.roles.batch_queue import BatchQueue, Timer, untimed
 from rlft.roles.generation import GRADER_COUNTERS, Rollout, RolloutGenerator
 from rlft.roles.prompt_source import PromptSource
@@ -111,12 +111,12 @@ class RolloutWorker:
 
     def to_batch(self, rollout: Rollout, grades: list[dict]) -> tuple[RolloutBatch, dict]:
         """Group-normalised advantages and the padded batch the policy trains on (with the sampler's
-        log-probs).  With `grpo.overlong: soft_penalty` the rewards are penalised for length first, so
-        the advantages and `raw_rewards` include the penalty (the logged reward/* do not)."""
+        log-probs).  With an overlong mode that changes rewards (`grpo.overlong: soft_penalty`) the
+        rewards change first, so the advantages and `raw_rewards` include it (the logged reward/* do not)."""
         g, tok = self.cfg.grpo, self.tokenizer
         rewards = torch.tensor([grade["reward"] for grade in grades], dtype=torch.float32)
-        if g.overlong == "soft_penalty":
-            rewards = rewards + self.overlong_penalties(rollout)
+        if OVERLONG_MODES[g.overlong].changes_rewards:
+            rewards = rewards + self.overlong(rollout).reward_change
         advantages, raw_rewards, reward_stats = compute_group_normalized_rewards(
             rewards, g.group_size, g.advantage_eps, g.advantage_estimator)
         # Every token the engine produced is a response token; with `grpo.train_on_eos: false` the eos
@@ -129,26 +129,24 @@ class RolloutWorker:
         batch.advantages, batch.raw_rewards = advantages, raw_rewards
         return batch, reward_stats
 
-    def overlong_penalties(self, rollout: Rollout) -> torch.Tensor:
-        """`[B]` DAPO's soft overlong penalty of each response (`rlft.batching.overlong`)."""
-        g = self.cfg.grpo
+    def overlong(self, rollout: Rollout) -> OverlongOutcome:
+        """What the overlong mode (`grpo.overlong`, `rlft.batching.overlong`) does to these responses (an
+        episode's length, tool replies included, against its budget, `environment.max_episode_tokens`)."""
         lengths = torch.tensor([len(ids) for ids in rollout.response_ids])
-        return soft_overlong_penalty(lengths, self.cfg.sampling.max_tokens, g.overlong_buffer, g.overlong_penalty)
+        budget = self.cfg.sampling.max_tokens
+        if self.generator.environment is not None:
+            budget = self.cfg.environment.episode_tokens(budget)
+        return overlong_outcome(self.cfg.grpo.overlong, lengths, rollout.finish_reasons, budget, self.cfg.grpo)
 
     def filter_overlong(self, batch: RolloutBatch, rollout: Rollout) -> dict:
-        """With `grpo.overlong: filter`, zero the response mask of responses cut by max_tokens (in
-        place); the counts of either overlong mode for the log (nothing when it is off).  The
-        step's response_length/* and tokens/* (and the throughput read from them) keep counting
-        what was sampled."""
-        g = self.cfg.grpo
-        if g.overlong == "filter":
-            cut = truncated_rows(rollout.finish_reasons)
-            batch.response_mask[cut] = 0.0
-            return {"overlong/filtered": float(cut.sum())}
-        if g.overlong == "soft_penalty":
-            penalties = self.overlong_penalties(rollout)
-            return {"overlong/penalised": float((penalties < 0).sum()), "overlong/penalty_mean": float(penalties.mean())}
-        return {}
+        """With an overlong mode that masks rows (`grpo.overlong: filter`: the responses cut by
+        max_tokens), zero their response mask (in place); the mode's counts for the log (nothing when
+        it is off).  The step's response_length/* and tokens/* (and the throughput read from them)
+        keep counting what was sampled."""
+        outcome = self.overlong(rollout)
+        if OVERLONG_MODES[self.cfg.grpo.overlong].masks_rows:
+            batch.response_mask[outcome.masked_rows] = 0.0
+        return outcome.metrics
 
     def samples(self, examples: list[Example], rollout: Rollout, grades: list[dict]) -> list[dict]:
         """A few completions, spread over the batch, for the log (`examples`: one per group)."""

@@ -14,7 +14,7 @@ from rlft.batching.batch import RolloutBatch, tokenize_prompt_and_output
 from rlft.common import log
 from rlft.config import ConfigError, RunConfig
 from rlft.data import PromptSampler, load_examples
-from rlft.prompts import Prompt, format_sft_target, prompt_of
+from rlft.prompts import DEFAULT_PROMPT_TEMPLATE, Prompt, format_sft_target, prompt_of
 
 # Reasons a training row is left out (counted and logged once).
 SKIP_NO_SOLUTION = "no_solution"  # no worked solution, or one format_sft_target cannot rewrite
@@ -34,7 +34,7 @@ class SFTData:
         return len(self.prompts)
 
 
-def build_sft_data(examples, tokenizer, *, template: str | Prompt = "r1_zero", max_seq_len: int = 1024,
+def build_sft_data(examples, tokenizer, *, template: str | Prompt = DEFAULT_PROMPT_TEMPLATE, max_seq_len: int = 1024,
                    chunk_size: int = 1024, end_with_eos: bool = False) -> SFTData:
     """Rewrite `rlft.data.Example`s into SFT pairs, dropping (and counting) unusable ones.
 

@@ -1,0 +1,96 @@
+"""No code compares a choice's name outside the module that records it: the losses, estimators, modes,
+sources and launchers are records whose properties the rest of rlft reads (`rlft.grpo.choices`,
+`rlft.config.launchers`).  A comparison such as `g.overlong == "soft_penalty"` elsewhere would leave a
+new choice with the same properties treated differently; this finds every `==`, `!=`, `in` and
+`not in` with a recorded name in rlft/, the AST's version of
+
+    grep -rnE '(==|!=) "(sequence|token|...|no_ssh)"' rlft
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "rlft"
+
+# The modules that declare the records (and may name them as they please).
+REGISTRIES = {"rlft/grpo/choices.py", "rlft/config/launchers.py"}
+
+# Comparisons with a string that is also some choice's name, but says something else there: (module,
+# a piece of the comparison's text) -> why it is not a choice's name.
+UNRELATED = {
+    ("rlft/config/checks.py", "o.lr_schedule in"): "optim.lr_schedule's own values (constant | cosine)",
+    ("rlft/bench/trl_baseline.py", 'kwargs.get("scale_rewards")'): "TRL's GRPOConfig.scale_rewards value",
+}
+
+
+def choice_names() -> set[str]:
+    """Every name recorded in a registry of choices, and the names the issue lists."""
+    from rlft.config.launchers import LAUNCHERS
+    from rlft.grpo import (
+        ADVANTAGE_ESTIMATORS,
+        AGGREGATION_MODES,
+        KL_ESTIMATORS,
+        OLD_LOGPROB_SOURCES,
+        OVERLONG_MODES,
+        POLICY_LOSSES,
+        ROLLOUT_IS_MODES,
+    )
+
+    names = {"sequence", "token", "constant", "filter", "soft_penalty", "none", "tis", "policy", "reference",
+             "no_baseline", "grpo_clip", "dapo", "gspo", "reinforce_with_baseline", "pdsh", "slurm", "no_ssh",
+             "openmpi"}
+    for registry in (POLICY_LOSSES, ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, AGGREGATION_MODES, OVERLONG_MODES,
+                     ROLLOUT_IS_MODES, OLD_LOGPROB_SOURCES, LAUNCHERS):
+        names |= set(registry)
+    return names
+
+
+def _strings(node: ast.AST) -> list[str]:
+    """The string constants a comparison operand is, or holds (a tuple, list or set of them)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [s for element in node.elts for s in _strings(element)]
+    return []
+
+
+def name_comparisons(path: Path, relative: str, names: set[str]) -> list[str]:
+    """`relative:line: text` of each comparison in `path` with a string of `names`, unless UNRELATED."""
+    source = path.read_text(encoding="utf-8")
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        if not any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops):
+            continue
+        compared = {s for operand in (node.left, *node.comparators) for s in _strings(operand)} & names
+        text = ast.get_source_segment(source, node) or ""
+        if compared and not any(module == relative and piece in text for module, piece in UNRELATED):
+            found.append(f"{relative}:{node.lineno}: {text}")
+    return found
+
+
+def test_no_choice_name_is_compared_outside_its_registry():
+    names = choice_names()
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE.parent).as_posix()
+        if relative not in REGISTRIES:
+            found += name_comparisons(path, relative, names)
+    assert not found, "compare the record's properties instead:\n" + "\n".join(found)
+
+
+def test_the_search_finds_each_form_of_comparison(tmp_path):
+    code = tmp_path / "mode_by_name.py"
+    code.write_text('if g.overlong == "soft_penalty":\n    pass\n'
+                    'x = "tis" != g.rollout_is\n'
+                    'y = g.old_logprobs in ("policy", "reference")\n'
+                    'z = t.launcher not in ["pdsh"]\n'
+                    'ok = g.overlong == OVERLONG\n'  # a name, not a string: not found
+                    'fine = {"token": 1}["token"]\n')  # no comparison
+    found = name_comparisons(code, "rlft/mode_by_name.py", choice_names())
+    assert [line.split(":")[1] for line in found] == ["1", "3", "4", "5"]
+    # The listed unrelated comparisons are still there, each once (a stale entry would hide nothing).
+    for module, piece in UNRELATED:
+        assert (PACKAGE.parent / module).read_text(encoding="utf-8").count(piece) == 1, (module, piece)
