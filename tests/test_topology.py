@@ -270,7 +270,7 @@ def _policy(stage: int, stages: int, replica: int = 0) -> str:
 
 
 # Written out from the roles each rank of the shipped configs hosted before roles became records
-# (rlft/roles/records.py): the same ranks must keep hosting the same roles.
+# (rlft/config/role_records.py): the same ranks must keep hosting the same roles.
 SHIPPED_PLACEMENTS = {
     "grpo_1gpu.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
     "grpo_instruct_1gpu.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],

@@ -4,6 +4,8 @@
     schema.py        the typed sections (dataclasses with named defaults) and ConfigError
     checks.py        validate(): ranges and the rules across fields, read from the choices' records
     topology.py      which rank hosts which role, from `topology:`
+    role_records.py  ROLES: one record per role (the topology key that places it, whether a run builds
+                     it, its builder, where a rank keeps it); build_roles and the checks read them
     preflight.py     what can be refused before any rank starts (model path, init checkpoint, data)
     launch_plan.py   python -m rlft.config.launch_plan: the deepspeed command a config asks for
     resume_rules.py  the checkpoints of an output directory: which one resumes, what it may change
