@@ -2,13 +2,15 @@
 the rank's context read them, so a new role is its module, its record and its test.
 
 Shown with a throwaway "logger" role, written here into a temporary module that registers its record:
-the config places it with `topology.extra_roles` and the topology gives it a rank.  No file of rlft
-is edited for it.
+the config places it with `topology.extra_roles`, the topology gives it a rank, and a real launch of
+two ranks builds it on that rank only, where it sees every step.  No file of rlft is edited for it.
 """
 from __future__ import annotations
 
 import importlib
 import json
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -44,7 +46,7 @@ def build(ctx, training):
     return StepLogger(Path(ctx.cfg.output.dir) / f"logger_rank{ctx.roles.rank}.json")
 
 
-register_role(Role("logger", f"{__name__}:build"))
+register_role(Role("logger", f"{__name__}:build", after_step="saw"))
 '''
 MODULE_NAME = "throwaway_logger_role"
 
@@ -178,3 +180,46 @@ def test_an_unregistered_role_is_refused():
         load_config(None, [*ALONE, "topology.extra_roles.logger=1"])
     assert str(info.value) == ("topology.extra_roles.logger: no role of that name is registered (roles placed "
                                "here: none; see rlft/config/role_records.py)")
+
+
+# ---------------------------------------------------------------- a new role: built and run on its rank
+
+RANK = """
+import sys
+import throwaway_logger_role  # registers the logger's record before the config is read
+from rlft.train_grpo import main
+main(sys.argv[1:])
+"""
+
+
+def test_a_launch_builds_the_new_role_on_its_rank_only_and_it_sees_every_step(tmp_path):
+    from conftest import write_gsm8k_dir
+    from tiny_models import tiny_model_dir
+
+    from rlft.common import free_port
+
+    model = tiny_model_dir(tmp_path / "model", family="llama", num_layers=2)
+    questions = [f"What is {a} plus {b}?" for a, b in zip(range(1, 9), range(3, 11))]
+    data = write_gsm8k_dir(tmp_path / "gsm8k", {"train": [(q, "5") for q in questions],
+                                                 "test": [(q, "5") for q in questions[:4]]})
+    out = tmp_path / "out"
+    modules = write_logger_module(tmp_path / "modules")
+    overrides = [f"model.path={model}", f"data.source={data}", f"output.dir={out}", "schedule.steps=2",
+                 "schedule.evaluate_freq=0", "output.save_at_end=false", *ALONE, "topology.extra_roles.logger=1"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(modules), str(REPO)]), "WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "DS_ACCELERATOR": "cpu",
+           "OMP_NUM_THREADS": "1", "RLFT_PROGRESS": "0"}
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, "--config", str(CONFIG), *overrides], cwd=REPO,
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        results = [p.communicate(timeout=600) for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()
+    assert [p.returncode for p in ranks] == [0, 0], "\n".join(err[-4000:] for _, err in results)
+    assert "rank 1 (logger)" in results[1][1]
+    assert json.loads((out / "logger_rank1.json").read_text()) == [1, 2]
+    assert not (out / "logger_rank0.json").exists()  # rank 0 does not host it
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert [(s["step"], s["logger/steps_seen"]) for s in steps] == [(1, 1.0), (2, 2.0)]

@@ -7,7 +7,8 @@ never its name.
 The records are read by the config (`rlft.config.checks.check_topology`: ranks >= 0, no idle rank,
 the names in `topology.extra_roles`; `TopologyConfig.world_size`), the topology (`roles_for_rank`:
 which roles a rank hosts), `rlft.runtime.build.build_roles` (which roles this rank builds, and how)
-and the rank's context (`rlft.runtime.context.RankContext`: the role objects, their engines).
+and the rank's context (`rlft.runtime.context.RankContext`: the role objects, their engines, the
+calls after each step).
 
 Nothing here imports torch: the config checks read these records before any rank starts.  A
 record names its builder as ``module:function``, imported only on a rank that builds the role.
@@ -56,6 +57,8 @@ class Role:
     * ``wanted(cfg, training)``: whether this run builds it at all (on the ranks hosting it).
     * ``runs_engine``: its object holds a rollout engine (``.engine``), which weight syncs fill; the
       roles without one are built first, so that an engine starts from the memory the models left.
+    * ``after_step``: the name of a method of its object that the training loop calls after each
+      step on its rank, with the step number and the rank's metrics; a dict it returns joins them.
     """
 
     name: str
@@ -64,6 +67,7 @@ class Role:
     attribute: str = ""
     wanted: Callable[[Any, Training], bool] = _always
     runs_engine: bool = False
+    after_step: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "rank_key", self.rank_key or f"{EXTRA_ROLES}.{self.name}")

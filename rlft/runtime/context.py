@@ -89,6 +89,15 @@ class RankContext:
         for what the trainer asked (`training`, set by build_roles)."""
         return self.training is not None and ROLES[name].wanted(self.cfg, self.training)
 
+    def after_step(self, step: int, metrics: dict) -> dict:
+        """Call the `after_step` method of each role built here whose record names one (`Role.after_step`);
+        returns the metrics they add."""
+        out: dict = {}
+        for role, obj in self.role_objects():
+            if role.after_step:
+                out.update(getattr(obj, role.after_step)(step, metrics) or {})
+        return out
+
     @contextmanager
     def timed(self, phase: str):
         """Time `phase` (added up over the step) and, on a GPU, its peak of allocated memory.  On a
