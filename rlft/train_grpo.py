@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from rlft.config import load_config_or_exit
 from rlft.objectives import GRPOObjective
-from rlft.roles.reference import reference_is_policy_base
 from rlft.runtime.build import build_roles
 from rlft.runtime.checkpoint import resume_checkpoint
 from rlft.runtime.context import RankContext
@@ -41,9 +40,9 @@ def grpo_step(ctx: RankContext, step: int, last: bool = False) -> dict:
         metrics.update(rollout_metrics)
     batch = bridge.broadcast_object(batch, src=t.sampler_rank)
 
-    # 2. Reference log-probs (frozen starting policy; with LoRA on a policy rank, the policy computes
-    #    them itself, adapters off, in step 3).
-    if cfg.grpo.needs_reference and not reference_is_policy_base(cfg):
+    # 2. Reference log-probs (frozen starting policy), when the run has a reference role: with LoRA on
+    #    a policy rank the policy computes them itself, adapters off, in step 3 (`reference_logprobs_by`).
+    if ctx.run_builds("reference"):
         ref = None
         if ctx.reference is not None:
             with ctx.timed("reference"):

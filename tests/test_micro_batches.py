@@ -74,7 +74,7 @@ def _pipeline_worker(rank: int, port: int, model_dir: str, results):
                                  "rollout_is": "tis"},
                         "optim": {"rollout_batch_size": ROWS, "train_micro_batch_size": 2}})
     roles = RankRoles(rank=rank, world_size=2, policy_index=rank, stage=rank, replica=0, num_stages=2,
-                      num_replicas=1, sampler=False, reference=False, evaluator=False)
+                      num_replicas=1, hosted=("policy",))
     objective = GRPOObjective(cfg.grpo, cfg.sampling.max_tokens)
     trainer = PolicyTrainer(cfg, roles, model_dir, torch.device("cpu"), False, objective=objective, batch_size=ROWS)
     # Learning rate 0: every update sees the same weights, so the cuts can be compared.

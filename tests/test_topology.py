@@ -260,3 +260,47 @@ def test_two_simulated_cpu_nodes():
         (1, 1, 0, False, True, False, False, False),  # global rank 2 is the policy world's rank 1
         (None, None, None, False, False, True, False, True),
     ]
+
+
+# ---------------------------------------------------------------- every shipped config, every rank
+
+
+def _policy(stage: int, stages: int, replica: int = 0) -> str:
+    return f"policy[stage {stage}/{stages}, replica {replica}]"
+
+
+# Written out from the roles each rank of the shipped configs hosted before roles became records
+# (rlft/config/role_records.py): the same ranks must keep hosting the same roles.
+SHIPPED_PLACEMENTS = {
+    "grpo_1gpu.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
+    "grpo_instruct_1gpu.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
+    "grpo_cpu_demo.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
+    "sft_1gpu.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
+    "sft_cpu_demo.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
+    "grpo_2gpu.yaml": [_policy(0, 1), "sampler + reference + evaluator"],
+    "sft_cpu_tiny.yaml": [_policy(0, 2), f"{_policy(1, 2)} + sampler + reference + evaluator"],
+    "grpo_4gpu.yaml": [_policy(0, 2), _policy(1, 2), "reference + evaluator", "sampler"],
+    "grpo_cpu_tiny.yaml": [_policy(0, 2), _policy(1, 2), "reference + evaluator", "sampler"],
+    "grpo_cpu_2node.yaml": [_policy(0, 2), "reference", _policy(1, 2), "sampler + evaluator"],
+    "grpo_8gpu.yaml": [_policy(0, 5), _policy(1, 5), _policy(2, 5), _policy(3, 5), _policy(4, 5),
+                       "evaluator", "reference", "sampler"],
+    "grpo_2x8gpu.yaml": [_policy(0, 7, 0), _policy(0, 7, 1), _policy(1, 7, 0), _policy(1, 7, 1),
+                         _policy(2, 7, 0), _policy(2, 7, 1), _policy(3, 7, 0), _policy(3, 7, 1),
+                         _policy(4, 7, 0), _policy(4, 7, 1), _policy(5, 7, 0), _policy(5, 7, 1),
+                         _policy(6, 7, 0), _policy(6, 7, 1), "reference + evaluator", "sampler"],
+}
+
+
+def test_every_shipped_config_is_covered():
+    assert sorted(SHIPPED_PLACEMENTS) == sorted(p.name for p in CONFIGS.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED_PLACEMENTS))
+def test_each_rank_of_each_shipped_config_hosts_the_roles_it_did(name):
+    t = topology_of(name)
+    expected = SHIPPED_PLACEMENTS[name]
+    assert t.world_size() == len(expected)
+    assert [roles_for_rank(t, r).describe() for r in range(t.world_size())] == [
+        f"rank {r} ({what})" for r, what in enumerate(expected)]
+    policy = [roles_for_rank(t, r) for r in t.policy_ranks]
+    assert [r.policy_index for r in policy] == list(range(len(t.policy_ranks)))

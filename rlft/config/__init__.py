@@ -5,6 +5,8 @@
     checks.py        validate(): ranges and the rules across fields, read from the choices' records
     plugins.py       plugins: the user's modules, imported before the checks so their choices are known
     topology.py      which rank hosts which role, from `topology:`
+    role_records.py  ROLES: one record per role (the topology key that places it, whether a run builds
+                     it, its builder, where a rank keeps it); build_roles and the checks read them
     preflight.py     what can be refused before any rank starts (model path, init checkpoint, data)
     launch_plan.py   python -m rlft.config.launch_plan: the deepspeed command a config asks for
     launchers.py     DeepSpeed's multi-node launchers: one record each, and the options it needs

@@ -33,6 +33,7 @@ from rlft.grpo import (
     POLICY_LOSSES,
     ROLLOUT_IS_MODES,
 )
+from rlft.config.role_records import EXTRA_ROLES, ROLES, placed_ranks
 
 
 def _require(ok: bool, message: str) -> None:
@@ -316,10 +317,11 @@ def config_warnings(cfg: RunConfig, *, rollouts: bool = True) -> list[str]:
 
 
 def check_topology(t: TopologyConfig) -> None:
-    """Refuse impossible topologies before anything starts; messages name the problem."""
+    """Refuse impossible topologies before anything starts; messages name the problem.  Where the
+    roles are is read from their records (`rlft.config.role_records.ROLES`)."""
     _require(bool(t.policy_ranks), "topology.policy_ranks: must list at least one rank")
-    _require(all(r >= 0 for r in [*t.policy_ranks, t.sampler_rank, t.reference_rank, t.evaluator_rank]),
-             "topology: ranks must be >= 0")
+    _check_extra_roles(t)
+    _require(all(r >= 0 for r in placed_ranks(t)), "topology: ranks must be >= 0")
     dup = sorted({r for r in t.policy_ranks if t.policy_ranks.count(r) > 1})
     _require(not dup, f"topology.policy_ranks: rank(s) {dup} listed more than once")
     _require(t.pipeline_stages >= 1, f"topology.pipeline_stages: must be >= 1, got {t.pipeline_stages}")
@@ -329,10 +331,22 @@ def check_topology(t: TopologyConfig) -> None:
     _require(t.nodes >= 1, f"topology.nodes: must be >= 1, got {t.nodes}")
     check_nodes(t)
     ws = t.world_size()
-    used = set(t.policy_ranks) | {t.sampler_rank, t.reference_rank, t.evaluator_rank}
+    used = set(placed_ranks(t))
     idle = sorted(set(range(ws)) - used)
     _require(not idle, f"topology: rank(s) {idle} of the {ws} launched would host no role; "
                        f"renumber the roles to use ranks 0..{len(used) - 1}")
+
+
+def _check_extra_roles(t: TopologyConfig) -> None:
+    """`topology.extra_roles` names registered roles that have no rank key of their own."""
+    placed_here = [r.name for r in ROLES.values() if not r.key_of_its_own]
+    for name, rank in t.extra_roles.items():
+        key, role = f"topology.{EXTRA_ROLES}.{name}", ROLES.get(name)
+        if role is None:
+            raise ConfigError(f"{key}: no role of that name is registered (roles placed here: "
+                              f"{', '.join(placed_here) or 'none'}; see rlft/config/role_records.py)")
+        _require(not role.key_of_its_own, f"{key}: the {name} role is placed by topology.{role.rank_key}")
+        _require(isinstance(rank, int) and not isinstance(rank, bool), f"{key}: expected an integer, got {rank!r}")
 
 
 def check_nodes(t: TopologyConfig) -> None:

@@ -79,6 +79,13 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping of settings, got {value!r}")
         return _build(tp, value, path)
+    if origin is dict:  # a mapping of free names (e.g. topology.extra_roles: {role: rank})
+        key_tp, value_tp = typing.get_args(tp)
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return {_coerce(k, key_tp, path): _coerce(v, value_tp, f"{path}.{k}") for k, v in value.items()}
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
@@ -162,6 +169,10 @@ def _check_override_path(keys: list[str]) -> Any:
     cls: Any = RunConfig
     done: list[str] = []
     for k in keys:
+        if typing.get_origin(cls) is dict:  # one of a mapping's free names
+            cls = typing.get_args(cls)[1]
+            done.append(k)
+            continue
         if not dataclasses.is_dataclass(cls):
             raise ConfigError(f"{'.'.join(done)}: is a value, not a section (cannot set '{'.'.join(keys)}')")
         hints = typing.get_type_hints(cls)

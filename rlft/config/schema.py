@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from rlft.config.role_records import placed_ranks
 from rlft.data import GSM_SYMBOLIC
-from rlft.engines.base import SamplingSpec, check_sampling_ranges  # noqa: F401  (the ranges, re-exported)
+from rlft.engines.base import SamplingSpec, check_sampling_ranges  # noqa: F401  (check_sampling_ranges: re-exported)
 from rlft.grpo.choices import (
     DEFAULT_ADVANTAGE_ESTIMATOR,
     DEFAULT_AGGREGATION,
@@ -228,6 +229,9 @@ class TopologyConfig:
     sampler_rank: int = 7
     reference_rank: int = 6
     evaluator_rank: int = 5
+    # The roles that have no rank key of their own (their records in rlft/config/role_records.py say so):
+    # role name -> the rank that hosts it, e.g. {logger: 0}.  A role not named here runs nowhere.
+    extra_roles: dict[str, int] = field(default_factory=dict)
     nodes: int = 1  # >1: launch/train.sh expects a hostfile (output.hostfile)
     # Several nodes: how DeepSpeed's launcher starts them (README, "Several nodes").  pdsh: over ssh
     # from this node; slurm, openmpi, mpich, impi, mvapich: through that launcher; no_ssh: one launch
@@ -242,8 +246,8 @@ class TopologyConfig:
     collective_timeout_minutes: float = 10.0
 
     def world_size(self) -> int:
-        """Ranks of one launch: every rank up to the highest one named."""
-        return max([*self.policy_ranks, self.sampler_rank, self.reference_rank, self.evaluator_rank]) + 1
+        """Ranks of one launch: every rank up to the highest one a role is placed on."""
+        return max(placed_ranks(self)) + 1
 
 @dataclass
 class OutputConfig:

@@ -3,7 +3,8 @@
 Every rank of one launch reads the same config and derives its role(s) from `topology:`.
 The trainable policy runs on `policy_ranks` (pipeline_stages x data-parallel replicas); the sampler, reference and
 evaluator roles each live on one rank, and one rank may host several roles (1 GPU or CPU: one
-process does everything).
+process does everything).  Which topology key places a role is its record's (`rlft.config.role_records`):
+a role without a key of its own is placed by `topology.extra_roles: {name: rank}`.
 
 Within the policy ranks the order follows DeepSpeed's pipe-major grid (`PipeDataParallelTopology`):
 policy_ranks[stage * replicas + replica].  Whether a topology is possible at all is part of the
@@ -14,10 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlft.config import ConfigError, TopologyConfig
+from rlft.config.role_records import ROLES
 
 
 @dataclass(frozen=True)
 class RankRoles:
+    """The roles one rank hosts (`hosted`, by their records' names) and its place in the policy's grid.
+    `roles.sampler`, `roles.reference`, ... (any registered role's name) say whether it hosts that role."""
+
     rank: int
     world_size: int
     policy_index: int | None  # index in policy_ranks = rank in the pipeline's own world
@@ -25,13 +30,24 @@ class RankRoles:
     replica: int | None
     num_stages: int
     num_replicas: int
-    sampler: bool
-    reference: bool
-    evaluator: bool
+    hosted: tuple[str, ...] = ()  # in ROLES' order
+
+    def hosts(self, name: str) -> bool:
+        return name in self.hosted
+
+    def __getattr__(self, name: str) -> bool:
+        if name in ROLES:  # a role's name that is no field or property of this class
+            return name in self.hosted
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def policy(self) -> bool:
         return self.policy_index is not None
+
+    @property
+    def hosts_engine(self) -> bool:
+        """A role here holds a rollout engine (its record's `runs_engine`: the sampler, the evaluator)."""
+        return any(ROLES[name].runs_engine for name in self.hosted if name in ROLES)
 
     @property
     def first_stage(self) -> bool:
@@ -42,12 +58,8 @@ class RankRoles:
         return self.stage == self.num_stages - 1
 
     def names(self) -> list[str]:
-        out = []
-        if self.policy:
-            out.append(f"policy[stage {self.stage}/{self.num_stages}, replica {self.replica}]")
-        out += [n for n, on in (("sampler", self.sampler), ("reference", self.reference),
-                                ("evaluator", self.evaluator)) if on]
-        return out
+        return [f"policy[stage {self.stage}/{self.num_stages}, replica {self.replica}]" if name == "policy" else name
+                for name in self.hosted]
 
     def describe(self) -> str:
         return f"rank {self.rank} ({' + '.join(self.names()) or 'idle'})"
@@ -78,8 +90,7 @@ def roles_for_rank(t: TopologyConfig, rank: int) -> RankRoles:
         stage=None if idx is None else idx // replicas,
         replica=None if idx is None else idx % replicas,
         num_stages=stages, num_replicas=replicas,
-        sampler=rank == t.sampler_rank, reference=rank == t.reference_rank,
-        evaluator=rank == t.evaluator_rank)
+        hosted=tuple(role.name for role in ROLES.values() if rank in role.ranks(t)))
 
 
 def policy_rank_of(t: TopologyConfig, replica: int, stage: int) -> int:

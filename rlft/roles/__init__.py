@@ -1,4 +1,5 @@
-"""The roles a rank can host, one small object each (built by `rlft.runtime.build.build_roles`):
+"""The roles a rank can host, one small object each (built by `rlft.runtime.build.build_roles` as
+their records in `rlft.config.role_records` say):
 
     policy.py      PolicyTrainer: the trainable model as a DeepSpeed pipeline; optimises an injected
                    objective (rlft.objectives)

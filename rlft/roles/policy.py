@@ -21,7 +21,7 @@ from rlft.batching.micro_batches import fixed_micro_batches, row_widths, token_b
 from rlft.objectives import Objective
 from rlft.pipeline import (build_policy_pipeline, compile_decoder_layers, export_hf_state_dict, load_hf_weights,
                            pipeline_logprobs)
-from rlft.roles.reference import reference_is_policy_base
+from rlft.config.role_records import reference_logprobs_by
 from rlft.roles.update_guard import GuardedAdamW, SkipNonFiniteSteps  # noqa: F401 (importable from here)
 from rlft.config.topology import RankRoles, check_stages_vs_layers
 
@@ -194,7 +194,7 @@ class PolicyTrainer:
         # Tokens first in every row: attention then needs no padding mask, and micro-batches are as
         # wide as their longest row (the losses read rows, not columns: they are unchanged).
         part = batch.rows(self.replica_rows()).flush_left()
-        if self.objective.needs_reference and reference_is_policy_base(self.cfg):
+        if reference_logprobs_by(self.cfg, self.objective) == "policy":
             from rlft.pipeline.lora import adapters_disabled
 
             with adapters_disabled(self.module):  # the base model: the reference, without a second copy

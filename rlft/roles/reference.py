@@ -1,4 +1,6 @@
-"""The reference role: a frozen copy of the starting policy that scores rollouts.
+"""The reference role: a frozen copy of the starting policy that scores rollouts.  With LoRA and the
+reference on a policy rank the policy scores them itself, adapters off, and this role is not built
+(`rlft.config.role_records.reference_logprobs_by` decides).
 
 It computes per-token log-probs with exactly the trainer's conventions (positions from the
 attention mask, so left and right padding give the same numbers; column t scores token t+1), under
@@ -18,15 +20,6 @@ def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    use_cache=False).logits[:, :-1].float()
     return torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-
-
-def reference_is_policy_base(cfg) -> bool:
-    """With LoRA (`model.lora.enabled`) and the reference role on a policy rank, the reference is the
-    policy's own pipeline with its adapters off (the base model): the policy computes the reference
-    log-probs of its rows itself and no second copy of the model is loaded.  A reference on a rank of
-    its own keeps the base model there (`ReferenceModel`), as without LoRA."""
-    t = cfg.topology
-    return cfg.model.lora.enabled and t.reference_rank in t.policy_ranks
 
 
 class ReferenceModel:

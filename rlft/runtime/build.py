@@ -6,22 +6,26 @@ import torch
 from rlft.common import log
 from rlft.config import ConfigError, RunConfig
 from rlft.objectives import Objective
+from rlft.config.role_records import Training, build_order
 from rlft.runtime.bridge import init_policy_world
 from rlft.runtime.checkpoint import ADAPTER_DIR, resume_point
 from rlft.runtime.context import RankContext
 
 
 def build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, rollouts: bool) -> None:
-    """Create this rank's roles on `ctx`: the policy stage (optimising `objective`, `batch_size`
-    sequences per step), the reference (when the objective reads its log-probs), the rollout role
-    (when `rollouts`: GRPO's sampler) and the evaluator, which shares the sampler's engine when both
-    live on one rank.  SFT's data feeder is made before, since its data decide the step count.
+    """Create this rank's roles on `ctx`, as their records say (`rlft.config.role_records.ROLES`): each role
+    this rank hosts and the run wants is made by its record's builder and kept in its attribute.
+    rlft's own: the policy stage (optimising `objective`, `batch_size` sequences per step), the
+    reference (when the objective reads its log-probs and the policy does not compute them itself),
+    the sampler's rollout role (when `rollouts`: GRPO) and the evaluator, which shares the sampler's
+    engine when both live on one rank.  SFT's data feeder is made before, since its data decide the
+    step count.
 
     A config error found while building (e.g. too few usable training rows, known only once the
     sampler has loaded them) stops every rank with that one error (`agree_on_config_error`)."""
     error = None
     try:
-        _build_roles(ctx, objective, batch_size=batch_size, rollouts=rollouts)
+        _build_roles(ctx, Training(objective, batch_size, rollouts))
     except ConfigError as e:
         error = str(e)
     agree_on_config_error(ctx, error)
@@ -39,54 +43,73 @@ def agree_on_config_error(ctx: RankContext, error: str | None) -> None:
     raise ConfigError(bridge.broadcast_object(next((e for e in errors if e), None) if errors else None, src=0))
 
 
-def _build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, rollouts: bool) -> None:
+def _build_roles(ctx: RankContext, training: Training) -> None:
     cfg, roles = ctx.cfg, ctx.roles
-    resumed, weights_only = resume_point(cfg)  # every rank: a checkpoint of another layout stops them all here
+    ctx.training = training
+    resume_point(cfg)  # every rank: a checkpoint of another layout stops them all here
     check_prompt_fits_tokenizer(ctx)
-    from rlft.roles.reference import reference_is_policy_base
 
-    if roles.policy and (roles.sampler or roles.evaluator):
+    if roles.policy and roles.hosts_engine:
         from rlft.runtime.memory_plan import check_shared_gpu
 
         plan = check_shared_gpu(cfg, model_path=ctx.model_path, device=ctx.device, policy_dtype=ctx.policy_dtype,
-                                reference_here=(roles.reference and objective.needs_reference
-                                                and not reference_is_policy_base(cfg)))
+                                reference_here=roles.reference and ctx.run_builds("reference"))
         ctx.gpu_plan = plan
         if plan:
             log.info("one GPU for the policy and the engine: %s GiB", ", ".join(
                 f"{'left over' if k == 'free' else k} {v:.1f}" for k, v in plan.items()))
-    if roles.policy:
-        from rlft.roles.policy import PolicyTrainer
+    for role in build_order():
+        if roles.hosts(role.name) and role.wanted(cfg, training):
+            setattr(ctx, role.attribute, role.builder()(ctx, training))
 
-        backend = "nccl" if ctx.device.type == "cuda" else "gloo"
-        init_policy_world(ctx.bridge, roles.policy_index, len(cfg.topology.policy_ranks), backend,
-                          timeout_s=60 * cfg.topology.collective_timeout_minutes)
-        start = str(resumed / "hf") if weights_only else ctx.model_path  # the checkpoint's HF export
-        adapter = resumed / "hf" / ADAPTER_DIR if weights_only else None
-        if cfg.model.lora.enabled and adapter is not None and adapter.is_dir():
-            start = ctx.model_path  # LoRA: the base model and the checkpoint's adapters, not the merged export
-        else:
-            adapter = None
-        ctx.policy = PolicyTrainer(cfg, roles, start, ctx.device, bf16=ctx.policy_dtype == torch.bfloat16,
-                                   objective=objective, batch_size=batch_size,
-                                   adapter_path=None if adapter is None else str(adapter))
-    if roles.reference and objective.needs_reference and not reference_is_policy_base(cfg):
-        from rlft.roles.reference import ReferenceModel
 
-        ctx.reference = ReferenceModel(ctx.model_path, dtype=ctx.dtype, device=ctx.device,
-                                       micro_batch_size=cfg.optim.train_micro_batch_size,
-                                       attn_implementation=cfg.model.attn_implementation)
-    if rollouts and roles.sampler:
-        from rlft.roles.rollout import RolloutWorker
+# ---------------------------------------------------------------- the builders the role records name
 
-        limit = prompt_limit(cfg, ctx.model_path, evaluation=False)  # before the engine starts
-        ctx.rollout = RolloutWorker(cfg, engine_for_run(ctx, ctx.model_path), ctx.tokenizer, max_prompt_tokens=limit)
-    if roles.evaluator:
-        from rlft.roles.evaluator import Evaluator
 
-        limit = prompt_limit(cfg, ctx.model_path, evaluation=True)
-        engine = ctx.rollout.engine if ctx.rollout is not None else engine_for_run(ctx, ctx.model_path)
-        ctx.evaluator = Evaluator(cfg, engine, ctx.tokenizer, max_prompt_tokens=limit)
+def build_policy(ctx: RankContext, training: Training):
+    """This rank's stage of the policy pipeline, from the start model or the checkpoint resumed."""
+    from rlft.roles.policy import PolicyTrainer
+
+    cfg = ctx.cfg
+    resumed, weights_only = resume_point(cfg)
+    backend = "nccl" if ctx.device.type == "cuda" else "gloo"
+    init_policy_world(ctx.bridge, ctx.roles.policy_index, len(cfg.topology.policy_ranks), backend,
+                      timeout_s=60 * cfg.topology.collective_timeout_minutes)
+    start = str(resumed / "hf") if weights_only else ctx.model_path  # the checkpoint's HF export
+    adapter = resumed / "hf" / ADAPTER_DIR if weights_only else None
+    if cfg.model.lora.enabled and adapter is not None and adapter.is_dir():
+        start = ctx.model_path  # LoRA: the base model and the checkpoint's adapters, not the merged export
+    else:
+        adapter = None
+    return PolicyTrainer(cfg, ctx.roles, start, ctx.device, bf16=ctx.policy_dtype == torch.bfloat16,
+                         objective=training.objective, batch_size=training.batch_size,
+                         adapter_path=None if adapter is None else str(adapter))
+
+
+def build_reference(ctx: RankContext, training: Training):
+    from rlft.roles.reference import ReferenceModel
+
+    cfg = ctx.cfg
+    return ReferenceModel(ctx.model_path, dtype=ctx.dtype, device=ctx.device,
+                          micro_batch_size=cfg.optim.train_micro_batch_size,
+                          attn_implementation=cfg.model.attn_implementation)
+
+
+def build_sampler(ctx: RankContext, training: Training):
+    from rlft.roles.rollout import RolloutWorker
+
+    limit = prompt_limit(ctx.cfg, ctx.model_path, evaluation=False)  # before the engine starts
+    return RolloutWorker(ctx.cfg, engine_for_run(ctx, ctx.model_path), ctx.tokenizer, max_prompt_tokens=limit)
+
+
+def build_evaluator(ctx: RankContext, training: Training):
+    """The evaluator, with the engine of a role built on this rank before it (the sampler's) if any."""
+    from rlft.roles.evaluator import Evaluator
+
+    limit = prompt_limit(ctx.cfg, ctx.model_path, evaluation=True)
+    built = ctx.engines()
+    engine = built[0] if built else engine_for_run(ctx, ctx.model_path)
+    return Evaluator(ctx.cfg, engine, ctx.tokenizer, max_prompt_tokens=limit)
 
 
 def check_prompt_fits_tokenizer(ctx: RankContext) -> None:

@@ -13,6 +13,7 @@ from rlft.common import resolve_dtype
 from rlft.config import ConfigError, RunConfig
 from rlft.runtime.bridge import Bridge
 from rlft.config.topology import RankRoles
+from rlft.config.role_records import ROLES, Role, Training
 
 if TYPE_CHECKING:  # the role modules import DeepSpeed and transformers: only where a role is built
     from rlft.engines import RolloutEngine
@@ -27,7 +28,10 @@ if TYPE_CHECKING:  # the role modules import DeepSpeed and transformers: only wh
 @dataclass
 class RankContext:
     """Everything a rank holds, for both trainers.  A role object is None unless this rank hosts
-    that role (`roles` says which: `roles.policy`, `roles.sampler`, ...)."""
+    that role (`roles` says which: `roles.policy`, `roles.sampler`, ...) and the run builds it
+    (`rlft.runtime.build.build_roles`).  Each role's object is kept in the attribute its record names
+    (`rlft.config.role_records.Role.attribute`); rlft's own have typed fields below, a role of another
+    module gets its attribute (None until built) when the context is made."""
 
     cfg: RunConfig
     roles: RankRoles
@@ -40,6 +44,7 @@ class RankContext:
     reference: ReferenceModel | None = None
     evaluator: Evaluator | None = None
     feeder: SFTFeeder | None = None  # SFT's data, on the sampler's rank
+    training: Training | None = None  # what the trainer asked of the roles (set by build_roles)
     tracker: Tracker | None = None  # rank 0 only
     seconds: dict[str, float] = field(default_factory=dict)  # this step's time per phase
     phase_memory_gb: dict[str, float] = field(default_factory=dict)  # this step's peak GPU memory per phase
@@ -48,6 +53,11 @@ class RankContext:
     sleep_hint_given: bool = False
     failed_phase: str | None = None  # the timed phase a failure left, for its message
     exit_code: int = 0  # what the rank exits with when its work returns (1: an evaluation failed, or training diverged)
+
+    def __post_init__(self):
+        for role in ROLES.values():
+            if not hasattr(self, role.attribute):
+                setattr(self, role.attribute, None)
 
     @property
     def dtype(self) -> str:
@@ -64,10 +74,29 @@ class RankContext:
         """The role whose position in the training data a checkpoint keeps (the sampler's rank)."""
         return self.rollout if self.rollout is not None else self.feeder
 
+    def role_objects(self) -> list[tuple[Role, Any]]:
+        """The roles built on this rank, with their objects, in `ROLES`' order."""
+        found = [(role, getattr(self, role.attribute, None)) for role in ROLES.values()]
+        return [(role, obj) for role, obj in found if obj is not None]
+
     def engines(self) -> list[RolloutEngine]:
         """This rank's distinct engines, the sampler's first (one object when roles share it)."""
-        found = [r.engine for r in (self.rollout, self.evaluator) if r is not None]
+        found = [obj.engine for role, obj in self.role_objects() if role.runs_engine]
         return list({id(e): e for e in found}.values())
+
+    def run_builds(self, name: str) -> bool:
+        """Whether this run builds the role `name` (on the ranks hosting it): its record's `wanted`,
+        for what the trainer asked (`training`, set by build_roles)."""
+        return self.training is not None and ROLES[name].wanted(self.cfg, self.training)
+
+    def after_step(self, step: int, metrics: dict) -> dict:
+        """Call the `after_step` method of each role built here whose record names one (`Role.after_step`);
+        returns the metrics they add."""
+        out: dict = {}
+        for role, obj in self.role_objects():
+            if role.after_step:
+                out.update(getattr(obj, role.after_step)(step, metrics) or {})
+        return out
 
     @contextmanager
     def timed(self, phase: str):

@@ -102,6 +102,7 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
         t0 = time.perf_counter()
         with profiled_step(ctx, step):
             metrics = step_fn(ctx, step, last)
+            metrics.update(ctx.after_step(step, metrics))  # the roles whose records ask for a call after each step
         if step in cfg.schedule.profile_steps:
             metrics["profiled"] = 1  # its times include the profiler's own cost (benchmarks leave it out)
         flags = step_flags(ctx, metrics)
