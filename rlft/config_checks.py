@@ -244,6 +244,18 @@ def _check_output_and_data(cfg: RunConfig) -> None:
              f"data.eval_size: must be >= 1 or null, got {cfg.data.eval_size}")
     _require(cfg.data.train_size is None or cfg.data.train_size >= 1,
              f"data.train_size: must be >= 1 or null, got {cfg.data.train_size}")
+    _check_rows(cfg)
+
+
+def _check_rows(cfg: RunConfig) -> None:
+    """How rows map to problems (rlft/rows.py)."""
+    from rlft.rows import check_data_config
+
+    d = cfg.data
+    try:
+        check_data_config(d)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_sft(sft: schema.SFTConfig) -> None:

@@ -60,8 +60,25 @@ class ModelConfig:
 
 
 @dataclass
+class DataFieldsConfig:
+    # Which fields of a file's or hub dataset's rows hold the question and the gold answer (rlft/rows.py)
+    question: str = "question"
+    gold: str = "answer"
+    # How the gold field is read: gsm8k (the number after the last ####) | boxed (the last \boxed{} of a
+    # worked solution, LaTeX kept whole: \frac{1}{2}, intervals, tuples) | plain (the field is the answer)
+    gold_kind: str = "gsm8k"
+
+
+@dataclass
 class DataConfig:
-    source: str = "gsm_symbolic"  # gsm_symbolic | reasoning_gym:TASK[?k=v&...] (generated) | openai/gsm8k | local .jsonl/.parquet/dir
+    # gsm_symbolic | reasoning_gym:TASK[?k=v&...] (generated) | openai/gsm8k or another hub id |
+    # a local .jsonl/.parquet/.csv file or a directory holding {split}.jsonl/.parquet/.csv
+    source: str = "gsm_symbolic"
+    fields: DataFieldsConfig = field(default_factory=DataFieldsConfig)
+    # A function of yours, package.module:function(row: dict) -> {question, gold[, solution]} or None (skip
+    # the row), that maps each row instead of fields.question / fields.gold (fields.gold_kind reads its gold)
+    adapter: str | None = None
+    hub_config: str | None = None  # a hub dataset's config (null: its default; openai/gsm8k: main)
     train_split: str = "train"
     eval_split: str = "test"
     train_size: int | None = 2000  # None = the whole split (gsm_symbolic needs a size)

@@ -11,7 +11,9 @@ or a local ``.jsonl``/``.parquet`` file or dataset directory, optionally followe
 model is not a local directory) as ``results.jsonl`` and ``summary.json``.
 
 The prompt and the answer format are the training run's: ``--config run.yaml`` takes its
-``data.prompt_template`` / ``system_prompt`` / ``prompt_messages``, ``reward.answer_format`` and its
+``data.prompt_template`` / ``system_prompt`` / ``prompt_messages``, ``reward.answer_format``, how its
+data's rows map to question and gold (``data.fields``, ``data.adapter``, ``data.hub_config``; e.g. a
+MATH-style ``problem`` / ``solution`` file whose answer is the last ``\boxed{}``) and its
 ``sampling.repetition_penalty`` / ``min_tokens``
 (e.g. ``launch/configs/grpo_instruct_1gpu.yaml``: the model's chat template, answers in
 ``\boxed{}``); ``--prompt-template`` and ``--answer-format`` override them (default: the R1-Zero
@@ -160,8 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None,
                    help="prompts per generate call (default: the whole set at once)")
     p.add_argument("--config", default=None,
-                   help="a run's YAML config: its prompt (data.prompt_template, system_prompt, prompt_messages) "
-                        "and answer format (reward.answer_format)")
+                   help="a run's YAML config: its prompt (data.prompt_template, system_prompt, prompt_messages), "
+                        "answer format (reward.answer_format) and row mapping (data.fields, data.adapter)")
     p.add_argument("--prompt-template", default=None,
                    help="registered template name, 'chat' (the model's chat template) or a literal with "
                         "{question} (default: the config's, else r1_zero)")
@@ -283,10 +285,14 @@ def load_inputs(args: argparse.Namespace) -> tuple[str, list[tuple[DataSpec, lis
         model_path = resolve_model_path(args.model)
     except ModelPathError as exc:
         raise InputError(_one_line(exc)) from None
+    from rlft.rows import RowMapping
+
+    # A run's config also says how its data's rows map to question and gold (data.fields, data.adapter).
+    rows = RowMapping.of(args.run_config.data) if getattr(args, "run_config", None) is not None else RowMapping()
     sets = []
     for text, data in zip(args.data or ["gsm8k:test"], specs):
         try:
-            loaded = load_examples(data.source, data.split, size=args.num_examples or None, seed=args.seed)
+            loaded = load_examples(data.source, data.split, size=args.num_examples or None, seed=args.seed, rows=rows)
         except (FileNotFoundError, RuntimeError, ValueError) as exc:  # missing, offline hub, empty
             raise InputError(f"data {text!r}: {_one_line(exc)}") from None
         sets.append((data, loaded.examples))

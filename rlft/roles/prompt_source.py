@@ -3,8 +3,9 @@ each step draws `optim.rollout_batch_size / grpo.group_size` of them."""
 from __future__ import annotations
 
 from rlft.config import ConfigError, RunConfig
-from rlft.data import Example, PromptSampler, load_examples
+from rlft.data import Example, PromptSampler
 from rlft.prompts import drop_long_prompts, prompt_of
+from rlft.rows import load_split
 
 
 class PromptSource:
@@ -13,7 +14,7 @@ class PromptSource:
 
     def __init__(self, cfg: RunConfig, tokenizer, prompts_per_step: int, *, max_prompt_tokens: int | None = None):
         d = cfg.data
-        loaded = load_examples(d.source, d.train_split, size=d.train_size, seed=cfg.seed)
+        loaded = load_split(d, d.train_split, size=d.train_size, seed=cfg.seed)
         loaded = drop_long_prompts(loaded, tokenizer, prompt_of(cfg), max_prompt_tokens,
                                    f"{d.source} [{d.train_split}]")
         self.examples, self.skipped = loaded.examples, loaded.skipped
