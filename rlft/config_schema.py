@@ -70,6 +70,15 @@ class DataFieldsConfig:
 
 
 @dataclass
+class DifficultyConfig:
+    # data.sampler: difficulty.  A prompt whose last group was all right or all wrong rests for this many
+    # epochs after the one that drew it (0 = never rests) ...
+    rest_epochs: int = 2
+    # ... unless drawn back early: each epoch, each resting prompt returns with this probability.
+    revisit_prob: float = 0.1
+
+
+@dataclass
 class DataConfig:
     # gsm_symbolic | reasoning_gym:TASK[?k=v&...] (generated) | openai/gsm8k or another hub id |
     # a local .jsonl/.parquet/.csv file or a directory holding {split}.jsonl/.parquet/.csv
@@ -92,6 +101,11 @@ class DataConfig:
     # prompt_template
     prompt_messages: list[dict[str, str]] | None = None
     shuffle: bool = True
+    # The order GRPO draws prompts in (rlft/prompt_samplers.py): uniform (each epoch a seeded permutation
+    # of every row) | difficulty (pass rates kept per prompt: always-solved and never-solved prompts rest
+    # for a while, see data.difficulty).  SFT draws uniformly.
+    sampler: str = "uniform"
+    difficulty: DifficultyConfig = field(default_factory=DifficultyConfig)
 
 
 @dataclass
