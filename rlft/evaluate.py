@@ -8,7 +8,9 @@ or a local ``.jsonl``/``.parquet`` file or dataset directory, optionally followe
 (default ``test``). Repeat ``--data`` to score several sets with one engine start. Results go to
 ``--out`` (``--out/<data label>`` for each of several sets; default:
 ``<model dir>/eval_<data>_<timestamp>``, or ``runs/eval/eval_<model>_<data>_<timestamp>`` when the
-model is not a local directory) as ``results.jsonl`` and ``summary.json``.
+model is not a local directory) as ``results.jsonl`` and ``summary.json``. ``accuracy`` is strict
+(the answer format's contract, what the reward pays); ``accuracy_lenient`` beside it counts a response
+right when its last marked answer or last number is (``rlft.reward.lenient``).
 
 The prompt and the answer format are the training run's: ``--config run.yaml`` takes its
 ``data.prompt_template`` / ``system_prompt`` / ``prompt_messages``, ``reward.answer_format``, how its
@@ -252,6 +254,8 @@ def format_summary(summary: dict) -> str:
         ("samples / question", f"{summary['num_samples']}"),
         ("accuracy (pass@1)", f"{summary['accuracy']:.4f}"),
         (f"pass@{k}", f"{summary['pass@k']:.4f}"),
+        *([("lenient accuracy", f"{summary['accuracy_lenient']:.4f}"),  # any last answer or number
+           (f"lenient pass@{k}", f"{summary['pass@k_lenient']:.4f}")] if "accuracy_lenient" in summary else []),
         ("format rate", f"{summary['format_rate']:.4f}"),
         ("mean reward", f"{summary['mean_reward']:.4f}"),
         ("mean response tokens", f"{summary['mean_response_length']:.1f}"),
