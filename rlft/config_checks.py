@@ -257,8 +257,10 @@ def _check_rows_and_sampler(cfg: RunConfig) -> None:
         check_data_config(d)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    _require(d.sampler in PROMPT_SAMPLERS, f"data.sampler: must be one of {', '.join(PROMPT_SAMPLERS)}, got '{d.sampler}'")
-    _require(d.difficulty.rest_epochs >= 0, f"data.difficulty.rest_epochs: must be >= 0, got {d.difficulty.rest_epochs}")
+    _require(d.sampler in PROMPT_SAMPLERS,
+             f"data.sampler: must be one of {', '.join(PROMPT_SAMPLERS)}, got '{d.sampler}'")
+    _require(d.difficulty.rest_epochs >= 0,
+             f"data.difficulty.rest_epochs: must be >= 0, got {d.difficulty.rest_epochs}")
     _require(0 <= d.difficulty.revisit_prob <= 1,
              f"data.difficulty.revisit_prob: must be in [0, 1], got {d.difficulty.revisit_prob}")
     if PROMPT_SAMPLERS[d.sampler].learns_from_rewards:

@@ -4,7 +4,7 @@
 
 ``--data`` takes ``gsm8k[:split]`` (the hub's ``openai/gsm8k``), ``gsm_symbolic[:split]`` or
 ``reasoning_gym:TASK[?key=value&...][:split]`` (offline generators), a hub id ``org/name[:split]``,
-or a local ``.jsonl``/``.parquet`` file or dataset directory, optionally followed by ``:split``
+or a local ``.jsonl``/``.parquet``/``.csv`` file or dataset directory, optionally followed by ``:split``
 (default ``test``). Repeat ``--data`` to score several sets with one engine start. Results go to
 ``--out`` (``--out/<data label>`` for each of several sets; default:
 ``<model dir>/eval_<data>_<timestamp>``, or ``runs/eval/eval_<model>_<data>_<timestamp>`` when the
@@ -105,8 +105,8 @@ def parse_data_arg(text: str) -> DataSpec:
         return DataSpec(base, split, _slug(f"{base.split('/')[-1]}_{split}"))
     raise InputError(
         f"unknown data source {base!r}: not an existing file or directory; use {GSM8K_ALIAS}[:split], "
-        f"{GSM_SYMBOLIC}[:split], reasoning_gym:TASK[?options][:split], a hub id org/name[:split], or a local .jsonl/.parquet file or "
-        "dataset directory"
+        f"{GSM_SYMBOLIC}[:split], reasoning_gym:TASK[?options][:split], a hub id org/name[:split], or a local "
+        ".jsonl/.parquet/.csv file or dataset directory"
     )
 
 

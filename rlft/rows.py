@@ -38,6 +38,7 @@ from rlft.data import (
     SKIP_MISSING_FIELD,
     SKIP_NO_FINAL_ANSWER,
     SKIP_NON_NUMERIC_ANSWER,
+    SKIP_NOT_AN_OBJECT,
     Example,
     parse_gsm8k_ground_truth,
 )
@@ -179,9 +180,6 @@ class RowMapping:
         return RowReader(self, where)
 
 
-GSM8K_ROWS = RowMapping()
-
-
 class RowReader:
     """Turns the rows of one file (or hub split) into examples, counting skipped rows by reason, and
     noticing a field that no row holds (:meth:`finish`)."""
@@ -196,8 +194,6 @@ class RowReader:
 
     def example(self, row: Any, index: int, skipped: Counter) -> Example | None:
         """The example of one raw row, or None (counted in ``skipped``) when it is unusable."""
-        from rlft.data import SKIP_NOT_AN_OBJECT
-
         if not isinstance(row, dict):
             skipped[SKIP_NOT_AN_OBJECT] += 1
             return None
@@ -315,7 +311,8 @@ def check_data_config(d) -> None:
         except ValueError as e:
             raise ValueError(f"data.adapter: {e}") from None
     if is_generated(d.source):
-        changed = [f"data.fields.{k}" for k in ("question", "gold", "gold_kind") if getattr(f, k) != getattr(default, k)]
+        changed = [f"data.fields.{k}" for k in ("question", "gold", "gold_kind")
+                   if getattr(f, k) != getattr(default, k)]
         changed += [k for k, v in (("data.adapter", d.adapter), ("data.hub_config", d.hub_config)) if v is not None]
         if changed:
             raise ValueError(f"{changed[0]}: maps the rows of a file or hub dataset, but data.source {d.source!r} "
