@@ -5,6 +5,8 @@
     objectives.py   what the policy optimises: GRPOObjective and SFTObjective around the grpo maths
     data.py         training and eval examples: GSM8K files, hub datasets, generated tasks
     prompts.py      the prompt of a run: R1-Zero text or the tokenizer's chat template
+    rows.py         data.fields / data.adapter: a dataset's rows -> question and gold
+    prompt_samplers.py  data.sampler: the order prompts are drawn in (uniform, difficulty)
     curves.py       python -m rlft.curves: a run's reward curve and summary line
     common.py       small helpers every package uses (dtypes, log lines, ports)
     config/         the run's configuration: schema, loading, checks, topology, launch plan

@@ -15,7 +15,7 @@ log = logging.getLogger("rlft")
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
 # Endings that mark a local file, never a hub repository.
-LOCAL_FILE_SUFFIXES = (".jsonl", ".parquet", ".json", ".gguf")
+LOCAL_FILE_SUFFIXES = (".jsonl", ".parquet", ".csv", ".json", ".gguf")
 
 
 def looks_like_hub_id(text: str) -> bool:

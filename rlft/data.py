@@ -6,6 +6,10 @@ Sources:
   copy: a ``.jsonl`` file, a ``.parquet`` file, or a directory holding ``{split}.jsonl``,
   ``{split}.parquet`` or ``{split}-*.parquet`` shards (also under ``main/``, the hub's layout).
   Rows have ``question`` and ``answer``; the ground truth is the number after the last ``####``.
+* Any other file (``.jsonl``, ``.parquet``, ``.csv``) or hub dataset (with its config and split):
+  ``data.fields`` or a row adapter says which fields hold the question and the gold, and how the
+  gold is read (the number after ``####``, a solution's last ``\\boxed{}`` kept as LaTeX, or the
+  field itself); see :mod:`rlft.rows`.
 * ``gsm_symbolic`` — ``reasoning_gym``'s generator of GSM8K-derived problems: offline and
   deterministic for a seed, the default when no data is at hand.
 * ``reasoning_gym:TASK`` or ``reasoning_gym:TASK?key=value&key=value`` — any other ``reasoning_gym``
@@ -59,9 +63,11 @@ class Example:
 
     Attributes:
         question: the problem text put into the prompt.
-        ground_truth: the normalised numeric answer, e.g. ``"1234"``, ``"-7"``, ``"0.5"``.
-        solution: the reference solution (GSM8K ``answer`` text with ``####``), or None when the
-            source has no worked solution.
+        ground_truth: the normalised numeric answer, e.g. ``"1234"``, ``"-7"``, ``"0.5"``, or (a
+            ``boxed`` or ``plain`` gold, :mod:`rlft.rows`) the answer as written, LaTeX kept whole:
+            ``"\\frac{1}{2}"``, ``"[2, 5)"``.
+        solution: the reference solution (GSM8K ``answer`` text with ``####``, or a MATH-style
+            solution ending in ``\\boxed{}``), or None when the source has no worked solution.
         source: where the row came from (file path, hub id, or ``"gsm_symbolic"``).
         index: the row's 0-based position in that source, so skipped rows leave gaps.
     """
@@ -106,7 +112,7 @@ def parse_gsm8k_ground_truth(answer: str) -> str | None:
 
 
 def _row_to_example(row: Any, source: str, index: int, skipped: Counter) -> Example | None:
-    """Validate one raw row; count and return None when it is unusable."""
+    """Validate one raw GSM8K row; count and return None when it is unusable."""
     if not isinstance(row, dict):
         skipped[SKIP_NOT_AN_OBJECT] += 1
         return None
@@ -122,6 +128,25 @@ def _row_to_example(row: Any, source: str, index: int, skipped: Counter) -> Exam
         skipped[SKIP_NON_NUMERIC_ANSWER] += 1
         return None
     return Example(question=question, ground_truth=truth, solution=answer, source=source, index=index)
+
+
+@dataclass
+class _GSM8KReader:
+    """GSM8K's rows, the default reading (:class:`rlft.rows.RowMapping` gives others the same interface)."""
+
+    where: str
+
+    def example(self, row: Any, index: int, skipped: Counter) -> Example | None:
+        return _row_to_example(row, self.where, index, skipped)
+
+    def finish(self) -> None:
+        pass
+
+
+def _reader(rows: Any, where: str):
+    """The reader of one file's rows: GSM8K's, or ``rows.reader(where)`` (a :class:`rlft.rows.RowMapping`,
+    which builds on this module and is passed in, never imported here)."""
+    return _GSM8KReader(where) if rows is None else rows.reader(where)
 
 
 def _rows_from_jsonl(path: Path, skipped: Counter) -> Iterator[Any]:
@@ -159,23 +184,35 @@ def _rows_from_parquet(path: Path) -> list[dict]:
     return pq.read_table(path).to_pylist()
 
 
+def rows_from_csv(path: Path) -> Iterator[dict]:
+    """The rows of a CSV file with a header line, as dicts of strings (an empty cell is left out)."""
+    import csv
+
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                yield {k: v for k, v in row.items() if k is not None and v not in (None, "")}
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
+
+
 def _split_files(directory: Path, split: str) -> list[Path]:
     """Files holding ``split`` in a dataset directory (flat, or the hub's ``main/`` layout)."""
     for base in (directory, directory / "main"):
-        for pattern in (f"{split}.jsonl", f"{split}.parquet", f"{split}-*.parquet"):
+        for pattern in (f"{split}.jsonl", f"{split}.parquet", f"{split}-*.parquet", f"{split}.csv"):
             found = sorted(glob.glob(os.path.join(glob.escape(str(base)), pattern)))
             if found:
                 return [Path(p) for p in found]
     return []
 
 
-def _load_local(path: Path, split: str) -> LoadResult:
+def _load_local(path: Path, split: str, rows: Any) -> LoadResult:
     if path.is_dir():
         files = _split_files(path, split)
         if not files:
             raise FileNotFoundError(
                 f"no '{split}' split in dataset directory {path}: expected {split}.jsonl, "
-                f"{split}.parquet or {split}-*.parquet (directly or under main/)"
+                f"{split}.parquet, {split}-*.parquet or {split}.csv (directly or under main/)"
             )
     else:
         files = [path]
@@ -184,38 +221,45 @@ def _load_local(path: Path, split: str) -> LoadResult:
     index = 0
     for file in files:
         if file.suffix == ".jsonl":
-            rows: Iterable[Any] = _rows_from_jsonl(file, skipped)
+            raw: Iterable[Any] = _rows_from_jsonl(file, skipped)
         elif file.suffix == ".parquet":
-            rows = _rows_from_parquet(file)
+            raw = _rows_from_parquet(file)
+        elif file.suffix == ".csv":
+            raw = rows_from_csv(file)
         else:
-            raise ValueError(f"unsupported data file {file}: expected a .jsonl or .parquet file")
-        for row in rows:
+            raise ValueError(f"unsupported data file {file}: expected a .jsonl, .parquet or .csv file")
+        reader = _reader(rows, str(file))
+        for row in raw:
             if row is not _INVALID:
-                example = _row_to_example(row, str(file), index, skipped)
+                example = reader.example(row, index, skipped)
                 if example is not None:
                     examples.append(example)
             index += 1
+        reader.finish()
     return LoadResult(examples, dict(skipped))
 
 
-def _load_hub(source: str, split: str) -> LoadResult:
+def _load_hub(source: str, split: str, rows: Any) -> LoadResult:
     import datasets
 
+    config = (rows and rows.hub_config) or ("main" if source == GSM8K_HUB_ID else None)
     try:
-        dataset = datasets.load_dataset(source, "main", split=split)
+        dataset = datasets.load_dataset(source, config, split=split)
     except Exception as exc:  # offline, unknown id, unknown split: all end the same way
         raise RuntimeError(
-            f"could not load dataset {source!r} (config 'main', split {split!r}) from the "
+            f"could not load dataset {source!r} (config {config!r}, split {split!r}) from the "
             f"Hugging Face hub: {type(exc).__name__}: {exc}. Without network access, point the "
             "data source at a local copy instead: a .jsonl/.parquet file or a directory holding "
             f"{split}.jsonl / {split}.parquet, or use {GSM_SYMBOLIC!r} for generated problems."
         ) from exc
     skipped: Counter = Counter()
     examples = []
+    reader = _reader(rows, source)
     for index, row in enumerate(dataset):
-        example = _row_to_example(row, source, index, skipped)
+        example = reader.example(row, index, skipped)
         if example is not None:
             examples.append(example)
+    reader.finish()
     return LoadResult(examples, dict(skipped))
 
 
@@ -226,12 +270,14 @@ def _warn_skipped(result: LoadResult, what: str) -> None:
                        what, result.num_skipped, reasons, len(result.examples))
 
 
-def load_gsm8k(source: str, split: str) -> LoadResult:
-    """Load GSM8K-format rows from a local file/directory or a hub dataset id.
+def load_gsm8k(source: str, split: str, rows: Any = None) -> LoadResult:
+    """Load rows from a local file/directory or a hub dataset id: GSM8K's (``question``, and
+    ``answer`` with its ``####``), or those ``rows`` maps (:class:`rlft.rows.RowMapping`: other field
+    names, a ``\\boxed{}`` or plain gold, a row adapter, the hub dataset's config).
 
     Args:
-        source: a local ``.jsonl``/``.parquet`` file, a dataset directory, or a hub id such as
-            ``"openai/gsm8k"`` (loaded with config ``"main"``).
+        source: a local ``.jsonl``/``.parquet``/``.csv`` file, a dataset directory, or a hub id such
+            as ``"openai/gsm8k"`` (loaded with config ``"main"``, others with ``rows.hub_config``).
         split: ``"train"`` or ``"test"`` (used for directories and hub ids; a single file is
             taken as it is).
 
@@ -239,12 +285,14 @@ def load_gsm8k(source: str, split: str) -> LoadResult:
         FileNotFoundError: ``source`` is a path that does not exist, or a directory without the
             split.
         RuntimeError: a hub id that could not be loaded (e.g. offline).
+        ValueError: no row holds a mapped field (one line naming the fields the rows have), or the
+            row adapter failed.
     """
     path = Path(source).expanduser()
     if path.exists():
-        result = _load_local(path, split)
+        result = _load_local(path, split, rows)
     elif looks_like_hub_id(source):
-        result = _load_hub(source, split)
+        result = _load_hub(source, split, rows)
     else:
         raise FileNotFoundError(
             f"data path {source!r} does not exist (expected a .jsonl/.parquet file, a dataset "
@@ -330,7 +378,8 @@ def load_gsm_symbolic(size: int, seed: int) -> LoadResult:
     return load_reasoning_gym(GSM_SYMBOLIC, size, seed)
 
 
-def load_examples(source: str, split: str, *, size: int | None = None, seed: int = 0) -> LoadResult:
+def load_examples(source: str, split: str, *, size: int | None = None, seed: int = 0,
+                  rows: Any = None) -> LoadResult:
     """Load a split from any supported source.
 
     Args:
@@ -341,6 +390,7 @@ def load_examples(source: str, split: str, *, size: int | None = None, seed: int
         size: keep the first ``size`` examples (None keeps all; for ``gsm_symbolic`` it is the
             number generated, default ``GSM_SYMBOLIC_DEFAULT_SIZE[split]``).
         seed: generator seed for ``gsm_symbolic``; unused for files.
+        rows: how a file's or hub dataset's rows map to question and gold (default: GSM8K's).
     """
     if size is not None and size <= 0:
         raise ValueError(f"size must be positive or None, got {size}")
@@ -350,7 +400,7 @@ def load_examples(source: str, split: str, *, size: int | None = None, seed: int
         split_seed = seed + GSM_SYMBOLIC_TEST_SEED_OFFSET if split == "test" else seed
         result = load_reasoning_gym(generated[0], n, split_seed, generated[1])
     else:
-        result = load_gsm8k(source, split)
+        result = load_gsm8k(source, split, rows)
     if size is not None:
         result.examples = result.examples[:size]
     if not result.examples:

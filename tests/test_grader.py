@@ -280,6 +280,54 @@ def test_fast_false_lets_math_verify_round_numbers():
     assert r1_zero_reward_fn(respond("18"), "18.5", fast=False) == WRONG
 
 
+# --------------------------------------------------------------------------- MATH-style golds
+
+# Golds as rlft.rows reads them from a MATH solution's last \boxed{} (LaTeX kept whole), answers of
+# the same value, and answers that are not.  A gold that is a number form (\frac{1}{2}, -\frac{3}{4},
+# 0.75) is decided in this process; the others go to math_verify in a worker.
+MATH_GOLDS = [
+    ("\\frac{1}{2}", ["0.5", "1/2", "\\dfrac{1}{2}", "\\frac12", "2/4", "\\frac{2}{4}", "\\boxed{\\frac{1}{2}}"],
+     ["\\frac{1}{3}", "0.50001", "2", "\\frac{1}{2} + 0", "\\frac{x}{2}", "\\frac{1}{2} or \\frac{1}{3}",
+      "\\boxed{\\frac{1}{2}} or \\boxed{\\frac{1}{3}}"]),
+    ("-\\frac{3}{4}", ["-0.75", "\\frac{-3}{4}", "-\\frac34", "-3/4"], ["\\frac{3}{4}", "0.75", "-\\frac{4}{3}"]),
+    ("\\frac{7}{2}", ["3.5", "7/2"], ["3\\frac{1}{2}", "7/2 or 3"]),  # a mixed number is no number form
+    ("0.75", ["\\frac{3}{4}", "3/4", ".75"], ["\\frac{3}{5}", "0.7"]),
+    ("-4", ["-4", "x = -4", "\\boxed{-4}"], ["4", "-4 or 4"]),
+    ("2\\sqrt{3}", ["\\sqrt{12}", "2 \\sqrt 3", "3.4641016"], ["2\\sqrt{2}", "\\sqrt{6}", "3.46", "12"]),
+    ("\\frac{\\sqrt{3}}{2}", ["\\frac{1}{2}\\sqrt{3}", "\\dfrac{\\sqrt3}{2}"], ["\\frac{\\sqrt{2}}{2}", "\\frac{3}{2}"]),
+    ("\\sqrt{2}", ["\\sqrt2", "\\frac{2}{\\sqrt{2}}"], ["1.414", "2"]),  # math_verify's floats: 6 decimals
+    ("[2, 5)", ["[2,5)", "x \\in [2, 5)"], ["(2,5)", "[2,5]", "(2,5]", "[2, 5) or (2, 5)"]),
+    ("(-\\infty, 4]", ["(-\\infty,4]"], ["(-\\infty, 4)", "(4, \\infty)", "4"]),
+    ("(5, 7)", ["(5,7)", "x = 5, y = 7"], ["(7, 5)", "5", "7", "(5, 7) or (7, 5)"]),  # an ordered pair
+    ("90^\\circ", ["90", "90^\\circ", "90^{\\circ}"], ["45", "\\frac{\\pi}{2}", "180"]),
+    ("5\\text{ cm}", ["5", "5 cm", "5\\text{ cm}"], ["6", "50 mm"]),
+]
+
+
+@pytest.mark.parametrize("gold,answer", [(g, a) for g, right, _ in MATH_GOLDS for a in right])
+def test_math_golds_credit_the_same_value_written_otherwise(gold, answer):
+    assert r1_zero_reward_fn(respond(answer), gold) == RIGHT
+    boxed = answer if answer.startswith("\\boxed") else f"\\boxed{{{answer}}}"
+    assert grade_batch([f"So the answer is {boxed}."], [gold], answer_format="boxed")[0] == RIGHT
+
+
+@pytest.mark.parametrize("gold,answer", [(g, a) for g, _, wrong in MATH_GOLDS for a in wrong])
+@pytest.mark.parametrize("fast", [True, False])
+def test_math_golds_give_no_free_credit(gold, answer, fast):
+    assert r1_zero_reward_fn(respond(answer), gold, fast=fast) == WRONG
+
+
+def test_math_golds_read_from_a_solution_are_graded_whole():
+    from rlft.rows import read_boxed
+
+    solutions = ["Adding, $\\frac{1}{4} + \\frac{1}{4} = \\boxed{\\frac{1}{2}}$.",
+                 "The solution set is $\\boxed{[2, 5)}$.", "They meet at $\\boxed{(5, 7)}$."]
+    golds = [read_boxed(s)[0] for s in solutions]
+    assert golds == ["\\frac{1}{2}", "[2, 5)", "(5, 7)"]
+    grades = grade_batch([respond(a) for a in ("0.5", "[2,5)", "(7,5)")], golds)
+    assert grades == [RIGHT, RIGHT, WRONG]
+
+
 # --------------------------------------------------------------------------- format
 
 FORMAT_CASES = [

@@ -212,11 +212,12 @@ def launch_rlft(config_path: Path, cfg, out: Path, use_gpu: bool, timeout: float
 
 def trl_prompts(cfg, steps: int) -> list[dict]:
     """The prompts an rlft run of `steps` steps draws, in its order, with their answers."""
-    from rlft.data import PromptSampler, load_examples
+    from rlft.data import PromptSampler
     from rlft.models.loading import load_tokenizer
     from rlft.prompts import prompt_of
+    from rlft.rows import load_split
 
-    examples = load_examples(cfg.data.source, cfg.data.train_split, size=cfg.data.train_size, seed=cfg.seed).examples
+    examples = load_split(cfg.data, cfg.data.train_split, size=cfg.data.train_size, seed=cfg.seed).examples
     per_step = cfg.optim.rollout_batch_size // cfg.grpo.group_size
     sampler = PromptSampler(len(examples), per_step, cfg.seed, shuffle=cfg.data.shuffle)
     order = [i for _ in range(steps) for i in sampler.next_batch()]

@@ -272,6 +272,29 @@ def _check_output_and_data(cfg: RunConfig) -> None:
              f"data.eval_size: must be >= 1 or null, got {cfg.data.eval_size}")
     _require(cfg.data.train_size is None or cfg.data.train_size >= 1,
              f"data.train_size: must be >= 1 or null, got {cfg.data.train_size}")
+    _check_rows_and_sampler(cfg)
+
+
+def _check_rows_and_sampler(cfg: RunConfig) -> None:
+    """How rows map to problems (rlft/rows.py) and the prompt order's record (rlft/prompt_samplers.py)."""
+    from rlft.prompt_samplers import PROMPT_SAMPLERS
+    from rlft.rows import check_data_config
+
+    d = cfg.data
+    try:
+        check_data_config(d)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    _require(d.sampler in PROMPT_SAMPLERS,
+             f"data.sampler: must be one of {', '.join(PROMPT_SAMPLERS)}, got '{d.sampler}'")
+    _require(d.difficulty.rest_epochs >= 0,
+             f"data.difficulty.rest_epochs: must be >= 0, got {d.difficulty.rest_epochs}")
+    _require(0 <= d.difficulty.revisit_prob <= 1,
+             f"data.difficulty.revisit_prob: must be in [0, 1], got {d.difficulty.revisit_prob}")
+    if PROMPT_SAMPLERS[d.sampler].learns_from_rewards:
+        _require(cfg.grpo.group_size >= 2, f"data.sampler: {d.sampler} rests prompts whose group was all right or all "
+                                           f"wrong, which a group of one always is; needs grpo.group_size >= 2, got "
+                                           f"{cfg.grpo.group_size}")
 
 
 def _check_sft(sft: schema.SFTConfig) -> None:
@@ -308,6 +331,12 @@ def config_warnings(cfg: RunConfig, *, rollouts: bool = True) -> list[str]:
         found.append(f"schedule.max_staleness is {cfg.schedule.max_staleness} with grpo.loss_type {g.loss_type}, "
                      f"which has no importance ratio: batches sampled by older weights are used uncorrected; "
                      f"set grpo.rollout_is: tis (or use grpo_clip)")
+    from rlft.prompt_samplers import PROMPT_SAMPLERS
+
+    order = PROMPT_SAMPLERS.get(cfg.data.sampler)
+    if not rollouts and order is not None and order.learns_from_rewards:
+        found.append(f"data.sampler is {cfg.data.sampler}, which orders prompts by the rollouts' pass rates; SFT has "
+                     f"no rollouts and draws its rows uniformly")
     source = Path(cfg.data.source).expanduser()
     if source.is_file():
         found.append(f"data.source {cfg.data.source} is a single file: the evaluation (data.eval_split) scores the "

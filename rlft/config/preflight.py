@@ -3,8 +3,9 @@
 A run that cannot start (no starting model; an output directory a running launch holds; a
 checkpoint it cannot resume: another layout, other settings that cannot change on resume;
 `output.resume=never` in a directory another run has used) or cannot learn (a group of one under a loss that
-learns from differences within a group; fewer training rows than one step draws) is refused here,
-by `rlft.config.launch_plan`, with one line and exit status 2: nothing is written and no rank starts.
+learns from differences within a group; fewer training rows than one step draws; a data file without
+the fields `data.fields` names) is refused here, by `rlft.config.launch_plan`, with one line and exit
+status 2: nothing is written and no rank starts.
 The ranks check the same again where only they can (rows dropped as unusable while loading).
 """
 from __future__ import annotations
@@ -54,6 +55,18 @@ def check_grpo_can_learn(cfg: RunConfig) -> None:
             f"optim.rollout_batch_size")
 
 
+def check_data_rows(cfg: RunConfig) -> None:
+    """Refuse a local data file whose first rows lack the mapped fields (`data.fields`), naming the
+    fields they have, or on which `data.adapter` fails (rlft/rows.py)."""
+    from rlft.rows import check_local_fields
+
+    d = cfg.data
+    try:
+        check_local_fields(d, (d.train_split, d.eval_split))
+    except (ValueError, OSError) as e:
+        raise ConfigError(" ".join(str(e).split())) from None
+
+
 def preflight(cfg: RunConfig, module: str | None) -> None:
     """Every check above that applies to `module` (`rlft.train_grpo`, `rlft.train_sft`, None: none
     of the trainer's own)."""
@@ -62,6 +75,8 @@ def preflight(cfg: RunConfig, module: str | None) -> None:
     # (output.init_checkpoint is checked by the trainer, with how to make one.)
     if module == "rlft.train_grpo":
         check_grpo_can_learn(cfg)
+    if module is not None:
+        check_data_rows(cfg)
     if module is not None:
         from rlft.config.resume_rules import resume_point
         from rlft.config.outdir_lock import OutputDirLock

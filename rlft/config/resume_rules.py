@@ -24,6 +24,9 @@ _STEP_RE = re.compile(r"^step_(\d+)$")
 FIXED_ON_RESUME = (
     "seed", "model.path", "output.init_checkpoint", "data.source", "data.train_split", "data.train_size",
     "data.shuffle", "data.prompt_template", "grpo.group_size", "optim.rollout_batch_size",
+    # Which rows are problems and what their answers are, and the prompt order whose state is saved.
+    "data.fields.question", "data.fields.gold", "data.fields.gold_kind", "data.adapter", "data.hub_config",
+    "data.sampler",
     # LoRA: whether the saved policy is adapters on a frozen base, their shapes (rank, the projections
     # they sit on) and what they mean (the merged delta is B A * alpha / rank). model.lora.dropout may
     # change: it has no parameters, does not enter the merged weights, and only perturbs training

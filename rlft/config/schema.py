@@ -66,8 +66,34 @@ class ModelConfig:
     lora: LoRAConfig = field(default_factory=LoRAConfig)
 
 @dataclass
+class DataFieldsConfig:
+    # Which fields of a file's or hub dataset's rows hold the question and the gold answer (rlft/rows.py)
+    question: str = "question"
+    gold: str = "answer"
+    # How the gold field is read: gsm8k (the number after the last ####) | boxed (the last \boxed{} of a
+    # worked solution, LaTeX kept whole: \frac{1}{2}, intervals, tuples) | plain (the field is the answer)
+    gold_kind: str = "gsm8k"
+
+
+@dataclass
+class DifficultyConfig:
+    # data.sampler: difficulty.  A prompt whose last group was all right or all wrong rests for this many
+    # epochs after the one that drew it (0 = never rests) ...
+    rest_epochs: int = 2
+    # ... unless drawn back early: each epoch, each resting prompt returns with this probability.
+    revisit_prob: float = 0.1
+
+
+@dataclass
 class DataConfig:
-    source: str = GSM_SYMBOLIC  # gsm_symbolic | reasoning_gym:TASK[?k=v&...] (generated) | openai/gsm8k | local .jsonl/.parquet/dir
+    # gsm_symbolic | reasoning_gym:TASK[?k=v&...] (generated) | openai/gsm8k or another hub id |
+    # a local .jsonl/.parquet/.csv file or a directory holding {split}.jsonl/.parquet/.csv
+    source: str = GSM_SYMBOLIC
+    fields: DataFieldsConfig = field(default_factory=DataFieldsConfig)
+    # A function of yours, package.module:function(row: dict) -> {question, gold[, solution]} or None (skip
+    # the row), that maps each row instead of fields.question / fields.gold (fields.gold_kind reads its gold)
+    adapter: str | None = None
+    hub_config: str | None = None  # a hub dataset's config (null: its default; openai/gsm8k: main)
     train_split: str = "train"
     eval_split: str = "test"
     train_size: int | None = 2000  # None = the whole split (gsm_symbolic needs a size)
@@ -81,6 +107,11 @@ class DataConfig:
     # prompt_template
     prompt_messages: list[dict[str, str]] | None = None
     shuffle: bool = True
+    # The order GRPO draws prompts in (rlft/prompt_samplers.py): uniform (each epoch a seeded permutation
+    # of every row) | difficulty (pass rates kept per prompt: always-solved and never-solved prompts rest
+    # for a while, see data.difficulty).  SFT draws uniformly.
+    sampler: str = "uniform"
+    difficulty: DifficultyConfig = field(default_factory=DifficultyConfig)
 
 @dataclass
 class VLLMConfig:

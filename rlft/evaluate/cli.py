@@ -4,14 +4,18 @@
 
 ``--data`` takes ``gsm8k[:split]`` (the hub's ``openai/gsm8k``), ``gsm_symbolic[:split]`` or
 ``reasoning_gym:TASK[?key=value&...][:split]`` (offline generators), a hub id ``org/name[:split]``,
-or a local ``.jsonl``/``.parquet`` file or dataset directory, optionally followed by ``:split``
+or a local ``.jsonl``/``.parquet``/``.csv`` file or dataset directory, optionally followed by ``:split``
 (default ``test``). Repeat ``--data`` to score several sets with one engine start. Results go to
 ``--out`` (``--out/<data label>`` for each of several sets; default:
 ``<model dir>/eval_<data>_<timestamp>``, or ``runs/eval/eval_<model>_<data>_<timestamp>`` when the
-model is not a local directory) as ``results.jsonl`` and ``summary.json``.
+model is not a local directory) as ``results.jsonl`` and ``summary.json``. ``accuracy`` is strict
+(the answer format's contract, what the reward pays); ``accuracy_lenient`` beside it counts a response
+right when its last marked answer or last number is (``rlft.reward.lenient``).
 
 The prompt and the answer format are the training run's: ``--config run.yaml`` takes its
-``data.prompt_template`` / ``system_prompt`` / ``prompt_messages``, ``reward.answer_format`` and its
+``data.prompt_template`` / ``system_prompt`` / ``prompt_messages``, ``reward.answer_format``, how its
+data's rows map to question and gold (``data.fields``, ``data.adapter``, ``data.hub_config``; e.g. a
+MATH-style ``problem`` / ``solution`` file whose answer is the last ``\boxed{}``) and its
 ``sampling.repetition_penalty`` / ``min_tokens``
 (e.g. ``launch/configs/grpo_instruct_1gpu.yaml``: the model's chat template, answers in
 ``\boxed{}``); ``--prompt-template`` and ``--answer-format`` override them (default: the R1-Zero
@@ -103,8 +107,8 @@ def parse_data_arg(text: str) -> DataSpec:
         return DataSpec(base, split, _slug(f"{base.split('/')[-1]}_{split}"))
     raise InputError(
         f"unknown data source {base!r}: not an existing file or directory; use {GSM8K_ALIAS}[:split], "
-        f"{GSM_SYMBOLIC}[:split], reasoning_gym:TASK[?options][:split], a hub id org/name[:split], or a local .jsonl/.parquet file or "
-        "dataset directory"
+        f"{GSM_SYMBOLIC}[:split], reasoning_gym:TASK[?options][:split], a hub id org/name[:split], or a local "
+        ".jsonl/.parquet/.csv file or dataset directory"
     )
 
 
@@ -162,8 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None,
                    help="prompts per generate call (default: the whole set at once)")
     p.add_argument("--config", default=None,
-                   help="a run's YAML config: its prompt (data.prompt_template, system_prompt, prompt_messages) "
-                        "and answer format (reward.answer_format)")
+                   help="a run's YAML config: its prompt (data.prompt_template, system_prompt, prompt_messages), "
+                        "answer format (reward.answer_format) and row mapping (data.fields, data.adapter)")
     p.add_argument("--prompt-template", default=None,
                    help="registered template name, 'chat' (the model's chat template) or a literal with "
                         f"{{question}} (default: the config's, else {DEFAULT_PROMPT_TEMPLATE})")
@@ -251,6 +255,8 @@ def format_summary(summary: dict) -> str:
         ("samples / question", f"{summary['num_samples']}"),
         ("accuracy (pass@1)", f"{summary['accuracy']:.4f}"),
         (f"pass@{k}", f"{summary['pass@k']:.4f}"),
+        *([("lenient accuracy", f"{summary['accuracy_lenient']:.4f}"),  # any last answer or number
+           (f"lenient pass@{k}", f"{summary['pass@k_lenient']:.4f}")] if "accuracy_lenient" in summary else []),
         ("format rate", f"{summary['format_rate']:.4f}"),
         ("mean reward", f"{summary['mean_reward']:.4f}"),
         ("mean response tokens", f"{summary['mean_response_length']:.1f}"),
@@ -284,10 +290,14 @@ def load_inputs(args: argparse.Namespace) -> tuple[str, list[tuple[DataSpec, lis
         model_path = resolve_model_path(args.model)
     except ModelPathError as exc:
         raise InputError(_one_line(exc)) from None
+    from rlft.rows import RowMapping
+
+    # A run's config also says how its data's rows map to question and gold (data.fields, data.adapter).
+    rows = RowMapping.of(args.run_config.data) if getattr(args, "run_config", None) is not None else RowMapping()
     sets = []
     for text, data in zip(args.data or ["gsm8k:test"], specs):
         try:
-            loaded = load_examples(data.source, data.split, size=args.num_examples or None, seed=args.seed)
+            loaded = load_examples(data.source, data.split, size=args.num_examples or None, seed=args.seed, rows=rows)
         except (FileNotFoundError, RuntimeError, ValueError) as exc:  # missing, offline hub, empty
             raise InputError(f"data {text!r}: {_one_line(exc)}") from None
         sets.append((data, loaded.examples))

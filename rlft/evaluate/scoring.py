@@ -15,8 +15,12 @@ Metrics (``n`` samples per question, ``n >= k``):
   (response length in generated tokens, counted from the engine's token ids).
 * ``pass@k`` — mean over questions of the unbiased estimator ``1 - C(n-c, k) / C(n, k)``
   (``c`` correct samples of ``n``); with ``n == k`` it is "at least one sample correct".
+* ``accuracy_lenient`` / ``pass@k_lenient`` — the same, with a sample correct when it is right
+  strictly or by a lenient reading: its last marked answer (box, answer tags, ``####`` line) or the
+  last number anywhere in it, graded by the same rules (:mod:`rlft.reward.lenient`).
 
-A sample is *correct* when its ``answer_reward`` is 1, the quantity ``accuracy`` averages.
+A sample is *correct* when its ``answer_reward`` is 1, the quantity ``accuracy`` averages: the
+answer format's contract, what the reward pays (strict).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from rlft.engines.base import SamplingSpec
 from rlft.reward.grader import grade_batch
 from rlft.prompts import DEFAULT_PROMPT_TEMPLATE, Prompt
 from rlft.reward.formats import DEFAULT_ANSWER_FORMAT
+from rlft.reward.lenient import lenient_correct
 
 logger = logging.getLogger(__name__)
 
@@ -95,11 +100,12 @@ def score_responses(
     Returns:
         ``(records, summary)``. One record per example: ``index, question, ground_truth,
         responses, response`` (the first sample), ``format_reward, answer_reward, reward,
-        response_length`` (all of the first sample), ``num_correct`` (over the ``n`` samples)
-        and the per-sample lists ``format_rewards, answer_rewards, rewards, response_lengths``
-        (so every summary number can be recomputed from the records). The summary holds
-        ``num_examples, num_samples, k, accuracy, format_rate, mean_reward,
-        mean_response_length, pass@k``.
+        response_length`` (all of the first sample), ``answer_reward_lenient`` (the first
+        sample's), ``num_correct`` and ``num_correct_lenient`` (over the ``n`` samples) and the
+        per-sample lists ``format_rewards, answer_rewards, answer_rewards_lenient, rewards,
+        response_lengths`` (so every summary number can be recomputed from the records). The
+        summary holds ``num_examples, num_samples, k, accuracy, format_rate, mean_reward,
+        mean_response_length, pass@k, accuracy_lenient, pass@k_lenient``.
     """
     if len(responses) != len(examples) or len(response_lengths) != len(examples):
         raise ValueError(
@@ -124,14 +130,18 @@ def score_responses(
     grades = grade_batch(flat_texts, flat_truths, answer_format=answer_format)
     if len(grades) != len(flat_texts):
         raise RuntimeError(f"grader returned {len(grades)} grades for {len(flat_texts)} responses")
+    lenient = lenient_correct(flat_texts, flat_truths, grades)
 
     records: list[dict] = []
     pass_values: list[float] = []
+    lenient_pass: list[float] = []
     for i, ex in enumerate(examples):
         sample_grades = grades[i * n:(i + 1) * n]
+        sample_lenient = [float(ok) for ok in lenient[i * n:(i + 1) * n]]
         first = sample_grades[0]
         num_correct = sum(_is_correct(g) for g in sample_grades)
         pass_values.append(pass_at_k(n, num_correct, k))
+        lenient_pass.append(pass_at_k(n, int(sum(sample_lenient)), k))
         records.append({
             "index": ex.index,
             "question": ex.question,
@@ -142,9 +152,12 @@ def score_responses(
             "answer_reward": float(first["answer_reward"]),
             "reward": float(first["reward"]),
             "num_correct": int(num_correct),
+            "answer_reward_lenient": sample_lenient[0],
+            "num_correct_lenient": int(sum(sample_lenient)),
             "response_length": int(response_lengths[i][0]),
             "format_rewards": [float(g["format_reward"]) for g in sample_grades],
             "answer_rewards": [float(g["answer_reward"]) for g in sample_grades],
+            "answer_rewards_lenient": sample_lenient,
             "rewards": [float(g["reward"]) for g in sample_grades],
             "response_lengths": [int(x) for x in response_lengths[i]],
         })
@@ -159,6 +172,8 @@ def score_responses(
         "mean_reward": _mean([float(g["reward"]) for g in grades]),
         "mean_response_length": _mean(flat_lengths),
         "pass@k": _mean(pass_values),
+        "accuracy_lenient": _mean([float(ok) for ok in lenient]),
+        "pass@k_lenient": _mean(lenient_pass),
     }
     return records, summary
 

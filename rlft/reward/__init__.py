@@ -6,4 +6,5 @@
     pool.py       the grader's killable worker processes and their deadlines
     worker.py     the worker process itself (symbolic checks, custom reward functions)
     functions.py  the reward of a rollout: built-in or named in the config
+    lenient.py    the lenient reading of a response (the last number or box anywhere), for evaluation
 """

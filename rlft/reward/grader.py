@@ -49,7 +49,7 @@ import math
 import os
 import sys
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 from rlft.reward.worker import is_safe_for_symbolic
 from rlft.reward.answers import (
@@ -107,11 +107,14 @@ class Grader(WorkerPool):
         total_timeout: float | None = None,
         workers: int | None = None,
         answer_format: str = DEFAULT_ANSWER_FORMAT,
+        split: Callable[[str], tuple[bool, str | None]] | None = None,
     ) -> list[dict[str, float]]:
         """Reward dicts for a rollout, ``[len(responses)]``, symbolic checks run in parallel.
 
         ``answer_format`` (:mod:`rlft.reward.formats`) says where the answer is and what is
         well-formed: ``r1_tags`` (the R1-Zero contract, the default), ``boxed``, ``gsm8k``.
+        ``split`` reads the answer instead (``response -> (well-formed, answer)``; evaluation's
+        lenient readings, :mod:`rlft.reward.lenient`), graded by the same rules.
 
         Each symbolic check is bounded by ``timeout_per_item`` (scored wrong when exceeded).
         With ``total_timeout``, items still ungraded when it expires get an all-zero reward and
@@ -122,7 +125,7 @@ class Grader(WorkerPool):
         per_item, deadline, limit = self.batch_bounds(responses, ground_truths, timeout_per_item,
                                                       total_timeout, workers)
 
-        split = get_answer_format(answer_format).split
+        split = split or get_answer_format(answer_format).split
         stats = GradeStats(graded=len(responses))
         results: list[dict[str, float] | None] = [None] * len(responses)
         jobs: list[tuple[int, str, list[str]]] = []
@@ -255,10 +258,11 @@ def grade_batch(
     workers: int | None = None,
     fast: bool = True,
     answer_format: str = DEFAULT_ANSWER_FORMAT,
+    split: Callable[[str], tuple[bool, str | None]] | None = None,
 ) -> list[dict[str, float]]:
     """Reward dicts for a rollout, ``[len(responses)]``, in parallel on the default grader's
     workers (:func:`r1_zero_reward_fn` for each with the default ``answer_format``); see
-    :meth:`Grader.grade_batch` for the time bounds and the formats."""
+    :meth:`Grader.grade_batch` for the time bounds, the formats and ``split``."""
     return default_grader().grade_batch(
         responses,
         ground_truths,
@@ -267,4 +271,5 @@ def grade_batch(
         total_timeout=total_timeout,
         workers=workers,
         answer_format=answer_format,
+        split=split,
     )

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from rlft.config import ConfigError, RunConfig
 from rlft.engines.base import RolloutEngine, sampling_spec
-from rlft.data import load_examples
 from rlft.prompts import drop_long_prompts, prompt_of
 from rlft.evaluate.scoring import evaluate, write_results
+from rlft.rows import load_split
 
 
 class Evaluator:
@@ -21,7 +21,7 @@ class Evaluator:
         (the model's positions minus the evaluation's response budget; None = no limit)."""
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         d = cfg.data
-        loaded = load_examples(d.source, d.eval_split, size=d.eval_size, seed=cfg.seed)
+        loaded = load_split(d, d.eval_split, size=d.eval_size, seed=cfg.seed)
         self.prompt = prompt_of(cfg)
         kept = drop_long_prompts(loaded, tokenizer, self.prompt, max_prompt_tokens, f"{d.source} [{d.eval_split}]")
         if not kept.examples:

@@ -1,10 +1,13 @@
 """The sampler's prompts: the training split, loaded once, and the seeded, resumable order in which
-each step draws `optim.rollout_batch_size / grpo.group_size` of them."""
+each step draws `optim.rollout_batch_size / grpo.group_size` of them (`data.sampler`,
+rlft/prompt_samplers.py)."""
 from __future__ import annotations
 
 from rlft.config import ConfigError, RunConfig
-from rlft.data import Example, PromptSampler, load_examples
+from rlft.data import Example
+from rlft.prompt_samplers import PROMPT_SAMPLERS, pass_rates
 from rlft.prompts import drop_long_prompts, prompt_of
+from rlft.rows import load_split
 
 
 class PromptSource:
@@ -13,7 +16,7 @@ class PromptSource:
 
     def __init__(self, cfg: RunConfig, tokenizer, prompts_per_step: int, *, max_prompt_tokens: int | None = None):
         d = cfg.data
-        loaded = load_examples(d.source, d.train_split, size=d.train_size, seed=cfg.seed)
+        loaded = load_split(d, d.train_split, size=d.train_size, seed=cfg.seed)
         loaded = drop_long_prompts(loaded, tokenizer, prompt_of(cfg), max_prompt_tokens,
                                    f"{d.source} [{d.train_split}]")
         self.examples, self.skipped = loaded.examples, loaded.skipped
@@ -24,7 +27,9 @@ class PromptSource:
                 f"{f' (skipped: {skipped})' if skipped else ''}, but every step draws optim.rollout_batch_size / "
                 f"grpo.group_size = {prompts_per_step} prompts; raise data.train_size or lower "
                 f"optim.rollout_batch_size")
-        self.order = PromptSampler(len(self.examples), prompts_per_step, cfg.seed, shuffle=d.shuffle)
+        self.choice = PROMPT_SAMPLERS[d.sampler]
+        self.order = self.choice.build(len(self.examples), prompts_per_step, cfg.seed, d)
+        self._position = {ex.index: p for p, ex in enumerate(self.examples)}
 
     @property
     def per_step(self) -> int:
@@ -37,6 +42,16 @@ class PromptSource:
     def next_examples(self) -> list[Example]:
         """The next step's (or round's) prompts, in the order drawn."""
         return [self.examples[i] for i in self.order.next_batch()]
+
+    def observe(self, examples: list[Example], grades: list[dict]) -> None:
+        """The graded responses to `examples` (one group each, in order): a sampler that learns from
+        rewards keeps each prompt's pass rate."""
+        if self.choice.learns_from_rewards and examples:
+            self.order.observe([self._position[ex.index] for ex in examples], pass_rates(grades, len(examples)))
+
+    def metrics(self) -> dict:
+        """The order's own numbers for the step's record (`sampler/*`; none for the uniform order)."""
+        return self.order.metrics() if self.choice.learns_from_rewards else {}
 
     def state_dict(self) -> dict:
         return self.order.state_dict()

@@ -76,6 +76,7 @@ class RolloutWorker:
                                                keep_awake=r + 1 < rounds, logprobs=self.wants_logprobs(step))
             with timed("grade"):
                 part_grades, counts = self.generator.grade(part)
+            self.prompts.observe(round_examples, part_grades)
             for k, v in counts.items():
                 metrics[k] += v
             rollout, grades, examples = rollout.extend(part), grades + part_grades, examples + round_examples
@@ -98,6 +99,7 @@ class RolloutWorker:
             metrics.update(episode_metrics(rollout.episodes, correct=[g["answer_reward"] for g in grades]))
         metrics.update(self.filter_overlong(batch, rollout))  # after: lengths describe what was sampled
         metrics["prompt_indices"] = [ex.index for ex in examples]
+        metrics.update(self.prompts.metrics())
         every = cfg.schedule.log_samples_every
         if every and step % every == 0:
             metrics["samples"] = self.samples(examples, rollout, grades)

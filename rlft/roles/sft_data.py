@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from rlft.batching.batch import RolloutBatch, tokenize_prompt_and_output
 from rlft.common import log
 from rlft.config import ConfigError, RunConfig
-from rlft.data import PromptSampler, load_examples
+from rlft.data import PromptSampler
 from rlft.prompts import DEFAULT_PROMPT_TEMPLATE, Prompt, format_sft_target, prompt_of
+from rlft.rows import load_split
 
 # Reasons a training row is left out (counted and logged once).
 SKIP_NO_SOLUTION = "no_solution"  # no worked solution, or one format_sft_target cannot rewrite
@@ -93,7 +94,7 @@ class SFTFeeder:
 
     def __init__(self, cfg: RunConfig, tokenizer, *, context: int | None = None):
         self.cfg, self.tokenizer = cfg, tokenizer
-        loaded = load_examples(cfg.data.source, cfg.data.train_split, size=cfg.sft.train_size, seed=cfg.seed)
+        loaded = load_split(cfg.data, cfg.data.train_split, size=cfg.sft.train_size, seed=cfg.seed)
         max_seq_len = min(cfg.sft.max_seq_len, context or cfg.sft.max_seq_len)
         data = build_sft_data(loaded.examples, tokenizer, template=prompt_of(cfg), max_seq_len=max_seq_len,
                               end_with_eos=cfg.sft.end_with_eos)

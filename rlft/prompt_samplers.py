@@ -1,0 +1,194 @@
+"""The order GRPO draws its prompts in (``data.sampler``): one record per choice.
+
+    uniform     every epoch a seeded permutation of all rows (:class:`rlft.data.PromptSampler`), the
+                default and the order rlft has always drawn
+    difficulty  pass rates kept per prompt from the rollouts: a prompt whose last group was all right
+                (solved) or all wrong (unsolved) rests for ``data.difficulty.rest_epochs`` epochs, and
+                each epoch comes back early with probability ``data.difficulty.revisit_prob``
+                (:class:`DifficultySampler`)
+
+A group whose rewards are all equal has zero advantage and teaches nothing (dynamic sampling throws
+such groups away after generating them); resting the prompts that produced one spends the rollouts
+on prompts the policy sometimes solves.  A sampler that ``learns_from_rewards`` is told each drawn
+prompt's pass rate (the share of its group's responses with ``answer_reward`` 1) by the rollout role
+and reports its pools in the step's metrics (``sampler/*``).  Every sampler's state goes into the
+checkpoint (JSON) and is restored on resume; the same seed and rewards draw the same order.
+
+A new order is one record in :data:`PROMPT_SAMPLERS` (torch-free: the config checks read it).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from rlft.data import PromptSampler
+
+
+@dataclass(frozen=True)
+class SamplerChoice:
+    """One ``data.sampler``.  ``build(num_examples, batch_size, seed, data_cfg)`` makes the sampler
+    (``next_batch``, ``epoch_done``, ``state_dict``, ``load_state_dict``; with ``learns_from_rewards``
+    also ``observe(positions, pass_rates)`` and ``metrics()``)."""
+
+    name: str
+    learns_from_rewards: bool
+    build: Callable[[int, int, int, Any], Any]
+    description: str
+
+
+class DifficultySampler:
+    """Epochs over the prompts that are not resting, in a seeded order; prompts rest by pass rate.
+
+    Each drawn prompt's pass rate is reported back (:meth:`observe`).  Pass rate 1 (solved) or 0
+    (unsolved) puts it to rest for ``rest_epochs`` epochs after the one that drew it; anything between
+    keeps it active.  An epoch is built when the previous one ends: the active prompts (those never
+    seen, those whose last group was mixed, those whose rest is over) and each resting prompt with
+    probability ``revisit_prob`` (revisited early), shuffled with ``random.Random(f"{seed}:{epoch}")``.
+    When fewer than a batch are eligible, the resting prompts due back soonest fill it.  As with the
+    uniform order, batches never span an epoch boundary (the last ``len(order) % batch_size`` are left
+    for the next epoch's draw), and a batch holds ``min(batch_size, num_examples)`` prompts.
+
+    The state (the epoch's order, the position in it, each prompt's last pass rate, groups seen and
+    the epoch its rest ends) is plain JSON for the checkpoint; a resumed run draws what the
+    interrupted one would have drawn next, given the same rewards.
+    """
+
+    KIND = "difficulty"
+
+    def __init__(self, num_examples: int, batch_size: int, seed: int, shuffle: bool = True, *,
+                 rest_epochs: int = 2, revisit_prob: float = 0.1):
+        if num_examples <= 0:
+            raise ValueError(f"DifficultySampler needs at least one example, got {num_examples}")
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if rest_epochs < 0 or not 0.0 <= revisit_prob <= 1.0:
+            raise ValueError(f"rest_epochs must be >= 0 and revisit_prob in [0, 1], got {rest_epochs}, {revisit_prob}")
+        self.num_examples, self.batch_size, self.seed, self.shuffle = num_examples, batch_size, seed, shuffle
+        self.rest_epochs, self.revisit_prob = rest_epochs, revisit_prob
+        self.epoch = 0
+        self.position = 0
+        self.pass_rate: list[float | None] = [None] * num_examples  # the last group's; None: never drawn
+        self.groups = [0] * num_examples  # groups graded per prompt
+        self.rest_until = [0] * num_examples  # a prompt rests (is not drawn) in epochs before this one
+        self.revisited = 0  # resting prompts drawn early in the current epoch
+        self.order = self._build_order(0)
+
+    # ------------------------------------------------------------------ drawing
+
+    def _build_order(self, epoch: int) -> list[int]:
+        rng = random.Random(f"{self.seed}:{epoch}")
+        active = [i for i in range(self.num_examples) if self.rest_until[i] <= epoch]
+        resting = [i for i in range(self.num_examples) if self.rest_until[i] > epoch]
+        early = [i for i in resting if rng.random() < self.revisit_prob]
+        need = min(self.batch_size, self.num_examples) - len(active) - len(early)
+        if need > 0:  # too few to fill a batch: the prompts due back soonest (ties in a seeded order)
+            chosen = set(early)
+            left = [i for i in resting if i not in chosen]
+            rng.shuffle(left)
+            early += sorted(left, key=lambda i: self.rest_until[i])[:need]
+        for i in early:
+            self.rest_until[i] = 0
+        self.revisited = len(early)
+        order = active + early
+        if self.shuffle:
+            rng.shuffle(order)
+        else:
+            order.sort()
+        return order
+
+    def _epoch_length(self) -> int:
+        n = len(self.order)
+        return n if n < self.batch_size else n - n % self.batch_size
+
+    @property
+    def epoch_done(self) -> bool:
+        """The last batch handed out finished an epoch."""
+        return self.position >= self._epoch_length()
+
+    def next_batch(self) -> list[int]:
+        """The next batch of example positions."""
+        if self.position >= self._epoch_length():
+            self.epoch += 1
+            self.position = 0
+            self.order = self._build_order(self.epoch)
+        size = min(self.batch_size, len(self.order))
+        batch = self.order[self.position:self.position + size]
+        self.position += size
+        return batch
+
+    # ------------------------------------------------------------------ what the rollouts say
+
+    def observe(self, positions: list[int], pass_rates: list[float]) -> None:
+        """The pass rate of each drawn prompt's group (the share of its responses that were right)."""
+        for i, rate in zip(positions, pass_rates):
+            self.groups[i] += 1
+            self.pass_rate[i] = float(rate)
+            uniform = rate >= 1.0 or rate <= 0.0
+            self.rest_until[i] = self.epoch + 1 + self.rest_epochs if uniform and self.rest_epochs else 0
+
+    def pools(self) -> dict[str, int]:
+        """Prompts resting as solved, resting as unsolved, and active (drawable in a coming epoch)."""
+        resting = [i for i in range(self.num_examples) if self.rest_until[i] > self.epoch]
+        solved = sum(1 for i in resting if self.pass_rate[i] is not None and self.pass_rate[i] >= 1.0)
+        return {"solved": solved, "unsolved": len(resting) - solved, "active": self.num_examples - len(resting)}
+
+    def metrics(self) -> dict[str, float]:
+        """The step's ``sampler/*``: the pools, the prompts seen so far and their mean last pass rate,
+        and how many resting prompts the current epoch drew early."""
+        seen = [r for r in self.pass_rate if r is not None]
+        pools = self.pools()
+        return {"sampler/solved_pool": float(pools["solved"]), "sampler/unsolved_pool": float(pools["unsolved"]),
+                "sampler/active_pool": float(pools["active"]), "sampler/revisited": float(self.revisited),
+                "sampler/seen": float(len(seen)),
+                "sampler/pass_rate_mean": sum(seen) / len(seen) if seen else 0.0}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """A snapshot (copies), plain JSON."""
+        return {"sampler": self.KIND, "seed": self.seed, "num_examples": self.num_examples, "shuffle": self.shuffle,
+                "batch_size": self.batch_size, "epoch": self.epoch, "position": self.position,
+                "order": list(self.order), "pass_rate": list(self.pass_rate), "groups": list(self.groups),
+                "rest_until": list(self.rest_until), "revisited": self.revisited}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a snapshot.  The sampler, data size, seed and shuffle flag must match the saved ones;
+        the batch size and the resting settings may change (they apply from the next draw / epoch)."""
+        if state.get("sampler") != self.KIND:
+            raise ValueError(f"the prompt order was saved by the {state.get('sampler', 'uniform')} sampler, not the "
+                             f"{self.KIND} one; resuming would draw a different order")
+        for key in ("num_examples", "seed", "shuffle"):
+            if state[key] != getattr(self, key):
+                raise ValueError(f"DifficultySampler state was saved with {key}={state[key]!r} but this sampler has "
+                                 f"{key}={getattr(self, key)!r}; resuming would draw a different order")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.order = [int(i) for i in state["order"]]
+        self.pass_rate = [None if r is None else float(r) for r in state["pass_rate"]]
+        self.groups = [int(g) for g in state["groups"]]
+        self.rest_until = [int(e) for e in state["rest_until"]]
+        self.revisited = int(state["revisited"])
+
+
+def _uniform(num_examples: int, batch_size: int, seed: int, data) -> PromptSampler:
+    return PromptSampler(num_examples, batch_size, seed, shuffle=data.shuffle)
+
+
+def _difficulty(num_examples: int, batch_size: int, seed: int, data) -> DifficultySampler:
+    return DifficultySampler(num_examples, batch_size, seed, shuffle=data.shuffle,
+                             rest_epochs=data.difficulty.rest_epochs, revisit_prob=data.difficulty.revisit_prob)
+
+
+PROMPT_SAMPLERS: dict[str, SamplerChoice] = {c.name: c for c in (
+    SamplerChoice("uniform", learns_from_rewards=False, build=_uniform,
+                  description="every epoch a seeded permutation of all rows"),
+    SamplerChoice("difficulty", learns_from_rewards=True, build=_difficulty,
+                  description="always-solved and never-solved prompts rest, by the rollouts' pass rates"),
+)}
+
+
+def pass_rates(grades: list[dict], num_groups: int) -> list[float]:
+    """Each group's share of responses with ``answer_reward`` 1 (groups laid out one after another)."""
+    size = len(grades) // num_groups
+    return [sum(float(g["answer_reward"]) >= 1.0 for g in grades[k * size:(k + 1) * size]) / size
+            for k in range(num_groups)]
