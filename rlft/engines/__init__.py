@@ -8,6 +8,7 @@ names.  The config, the rank start-up, ``rlft.evaluate`` and the bench read thes
     base.py         RolloutEngine, SamplingSpec, Completion, weight checksums
     hf_engine.py    HF ``generate`` (any device; the tests' fast path)
     vllm_engine.py  vLLM in its own process, weights updated in place
+    vllm_sender.py  the owner's side of those updates: tensors checked, packed and sent in buckets
     vllm_worker.py  the worker extension inside vLLM's process that takes the weights
 """
 
