@@ -1,11 +1,13 @@
 """The engines' records carry what the rest of rlft knows about an engine (rlft/engines/records.py):
 the options that reach it, its GPU share, sleep and sync needs, its start-up checks; `auto` is
-settled once at start."""
+settled once at start; and a new engine is its module and its test."""
 from __future__ import annotations
 
 import json
 import re
 import shutil
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -136,3 +138,77 @@ def test_auto_is_settled_for_the_model_and_the_saved_config_names_it(tmp_path):
     ctx = one_rank_context(tmp_path / "named", does_not, "vllm")
     settle_backend(ctx, does_not)
     assert ctx.cfg.sampling.backend == "vllm"
+
+
+# ---------------------------------------------------------------- a new engine: its module and its test
+
+THROWAWAY_MODULE = '''
+"""HF generate under another name: an engine that lives in this one module."""
+from dataclasses import dataclass
+
+from rlft.engines import Backend, register_backend
+from rlft.engines.hf_engine import HFEngine
+
+
+class CountingEngine(HFEngine):
+    generated = 0
+
+    def generate(self, prompt_token_ids, spec):
+        type(self).generated += len(prompt_token_ids)
+        return super().generate(prompt_token_ids, spec)
+
+
+@dataclass(frozen=True)
+class CountingBackend(Backend):
+    def options(self, cfg, device_type):
+        return {"max_batch_sequences": cfg.grpo.group_size}
+
+
+RECORD = register_backend(CountingBackend("counting", engine=f"{__name__}:CountingEngine", label="counting"))
+'''
+
+
+@pytest.fixture
+def throwaway_module(tmp_path, monkeypatch):
+    """A module outside the repository that registers an engine when imported; afterwards the
+    registry and the import cache are as before."""
+    name = "rlft_throwaway_engine"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(THROWAWAY_MODULE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    saved = dict(BACKENDS)
+    yield name
+    BACKENDS.clear()
+    BACKENDS.update(saved)
+    sys.modules.pop(name, None)
+
+
+def test_a_new_engine_is_its_module_named_in_the_config(throwaway_module, tmp_path):
+    from tiny_models import tiny_model_dir
+
+    from rlft.engines import SamplingSpec, make_engine
+    from rlft.models.loading import load_tokenizer
+    from rlft.runtime.build import engine_for_run
+    from rlft.runtime.entry import settle_backend
+
+    with pytest.raises(ConfigError, match=r"^sampling.backend: must be one of auto, vllm, hf, got 'counting'$"):
+        load_config(None, ["sampling.backend=counting"])  # unknown until its module is named
+    with pytest.raises(ConfigError, match=r"^sampling.engine_modules: cannot import 'no_such_engine_module' "
+                                          r"\(ModuleNotFoundError"):
+        load_config(None, ["sampling.engine_modules=[no_such_engine_module]"])
+    model = tiny_model_dir(tmp_path / "model", num_layers=1)
+    ctx = one_rank_context(tmp_path, model, "counting", f"sampling.engine_modules=[{throwaway_module}]",
+                           "grpo.group_size=4")
+    record = BACKENDS["counting"]
+    assert list(BACKENDS)[-1] == "counting"  # after rlft's own: `auto` never passes HF to reach it
+    settle_backend(ctx, model)  # a named engine stays as named
+    assert ctx.cfg.sampling.backend == "counting" and backend_record(ctx.cfg) is record
+    # The run's engine building uses it, with the options its record gives ...
+    ctx.tokenizer = load_tokenizer(model)
+    engine = engine_for_run(ctx, model)
+    assert type(engine).__name__ == "CountingEngine" and engine.max_batch_sequences == 4
+    [[completion]] = engine.generate([ctx.tokenizer("1 + 1 =")["input_ids"]], SamplingSpec(max_tokens=4, seed=0))
+    assert type(engine).generated == 1 and len(completion.token_ids) == 4
+    # ... and so does make_engine, by its name; the record's defaults describe the rest.
+    assert type(make_engine("counting", model)).__name__ == "CountingEngine"
+    assert (record.gpu_share(ctx.cfg, "cuda"), record.sleeps(ctx.cfg, "cuda"), record.own_gpu_process) == (
+        0.0, False, False)

@@ -23,7 +23,7 @@ from rlft.config.schema import (
     TopologyConfig,
     check_sampling_ranges,
 )
-from rlft.engines import BACKENDS, EngineSettingError, backend_choices
+from rlft.engines import BACKENDS, EngineSettingError, backend_choices, import_engine_modules
 from rlft.grpo import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
 from rlft.batching.overlong import OVERLONG_MODES
 
@@ -168,6 +168,10 @@ def _check_grpo(g: GRPOConfig) -> None:
 
 
 def _check_sampling_section(s: SamplingConfig) -> None:
+    try:
+        import_engine_modules(s.engine_modules)
+    except ValueError as e:
+        raise ConfigError(f"sampling.engine_modules: {e}") from None
     _require(s.backend in backend_choices(),
              f"sampling.backend: must be one of {', '.join(backend_choices())}, got '{s.backend}'")
     _check_sampling(s)

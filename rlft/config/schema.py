@@ -90,6 +90,9 @@ class SamplingConfig:
     # A registered engine (rlft/engines/), or auto: the first one usable for the model and device (vLLM
     # when it is installed and supported, else HF generate), settled at start; config.yaml names it.
     backend: str = "auto"
+    # Modules that register more engines when imported (rlft.engines.register_backend), imported on
+    # every rank when the config is checked; sampling.backend may then name them.
+    engine_modules: list[str] = field(default_factory=list)
     temperature: float = _SPEC.temperature
     top_p: float = _SPEC.top_p
     min_tokens: int = _SPEC.min_tokens

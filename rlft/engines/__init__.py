@@ -18,9 +18,10 @@ name means.  ``sampling.backend: auto`` is resolved once, at a launch's start
     vllm_sender.py   the owner's side of those updates: tensors checked, packed and sent in buckets
     vllm_worker.py   the worker extension inside vLLM's process that takes the weights
 
-An engine is its module (a ``RolloutEngine``, and a ``Backend`` record passed to
+A new engine is its module (a ``RolloutEngine``, and a ``Backend`` record passed to
 ``register_backend`` when the module is imported) and its test.  rlft's own engines are imported
-below, in the order ``auto`` tries them (the last, HF, is usable everywhere).
+below, in the order ``auto`` tries them (the last, HF, is usable everywhere); another module is
+named in ``sampling.engine_modules`` and imported on every rank when the config is checked.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from rlft.engines.records import (
     backend_choices,
     backend_record,
     candidates,
+    import_engine_modules,
     register_backend,
     resolve_backend,
 )
@@ -96,6 +98,7 @@ __all__ = [
     "RolloutEngine",
     "SamplingSpec",
     "candidates",
+    "import_engine_modules",
     "make_engine",
     "register_backend",
     "resolve_backend",

@@ -7,7 +7,9 @@ compares an engine's name.  Nothing here imports torch: ``rlft.config.launch_pla
 config (``sampling.backend`` among it) before any rank starts, without loading it.
 
 A record registers itself when its module is imported (:func:`register_backend`): rlft's own
-engines are imported by ``rlft.engines``, in the order ``auto`` tries them.
+engines are imported by ``rlft.engines`` (in the order ``auto`` tries them); another engine's
+module is named in ``sampling.engine_modules`` and imported when the config is checked, on every
+rank (:func:`import_engine_modules`).
 """
 
 from __future__ import annotations
@@ -134,6 +136,16 @@ def register_backend(record: Backend) -> Backend:
         raise ValueError(f"rollout backend {record.name!r} is registered already ({known.engine})")
     BACKENDS[record.name] = record
     return record
+
+
+def import_engine_modules(modules: list[str]) -> None:
+    """Import the modules ``sampling.engine_modules`` names (each registers its records); a module
+    that cannot be imported raises ``ValueError`` saying which and why."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001 - whatever stops the import, the config names the module
+            raise ValueError(f"cannot import {module!r} ({type(e).__name__}: {e})") from None
 
 
 def backend_choices() -> tuple[str, ...]:
