@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     from rlft.bench.presets import model_facts, resolve_bench_model
     from rlft.config import load_config
     from rlft.engines import named_weights_checksum
+    from rlft.engines.vllm_backend import VLLM
     from rlft.engines.vllm_engine import VLLMEngine
-    from rlft.runtime.build import vllm_options
     from rlft.runtime.sync import SYNC_TOLERANCE
 
     use_gpu = gpu_available()
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     repo = Path(__file__).resolve().parents[1]
     cfg = load_config(repo / "launch/configs/grpo_1gpu.yaml", [f"model.path={model_dir}"])
     dtype = torch.bfloat16 if use_gpu else torch.float32
-    options = vllm_options(cfg, device.type)
+    options = VLLM.options(cfg, device.type)  # what a run's vLLM engine gets from this config
     print(f"[bench_sync] {model_dir} ({facts['params'] / 1e9:.2f}B parameters) on {device}; engine {options}", flush=True)
     engine = VLLMEngine(model_dir, dtype=str(dtype).removeprefix("torch."), device=device.type, **options)
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)

@@ -80,9 +80,9 @@ def sft_step(ctx: RankContext, step: int, last: bool = False) -> dict:
 def evaluate_now(ctx: RankContext, step: int, *, sync: bool = True) -> dict:
     """Push the policy's weights into the evaluator's engine, then score the eval split (all ranks call).
 
-    With `sampling.vllm.sleep_mode` the engine is woken for this and put back to sleep after it.
+    An engine that sleeps (its record's `sleeps`) is woken for this and put back to sleep after it.
     """
-    engine = ctx.evaluator.engine if ctx.evaluator is not None and ctx.cfg.sampling.vllm.sleep_mode else None
+    engine = ctx.evaluator.engine if ctx.evaluator is not None and ctx.evaluator.engine.sleeps else None
     if engine is not None:
         engine.wake()
     metrics = {}
@@ -140,7 +140,7 @@ def run(ctx: RankContext) -> None:
         return
     write_resolved_config(ctx, rollouts=False)
     build_roles(ctx, SFTObjective(), batch_size=cfg.sft.batch_size, rollouts=False)
-    if ctx.evaluator is not None and cfg.sampling.vllm.sleep_mode:
+    if ctx.evaluator is not None and ctx.evaluator.engine.sleeps:
         ctx.evaluator.engine.sleep()  # its memory goes to the policy until the first evaluation
     bridge.barrier()
     train(ctx, info)

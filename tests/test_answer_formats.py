@@ -104,24 +104,30 @@ def test_one_gpu_memory_split_is_checked_with_the_numbers():
     from rlft.runtime.memory_plan import check_shared_gpu, refuse_if_short, shared_gpu_plan
 
     gib = 2**30
-    cfg = load_config(None, ["sampling.vllm.gpu_memory_utilization=0.35", "optim.divergence_factor=0"])
+    cfg = load_config(None, ["sampling.backend=vllm", "sampling.vllm.gpu_memory_utilization=0.35",
+                             "optim.divergence_factor=0"])
     # 0.5B parameters in bf16: 20 bytes each for the policy (9.3 GiB), 2 for a reference (0.9 GiB).
     plan = shared_gpu_plan(cfg, total_bytes=140 * gib, params=500_000_000, policy_dtype=torch.bfloat16,
                            reference_here=True)
     assert plan["engine"] == pytest.approx(49.0) and plan["policy"] == pytest.approx(500e6 * 20 / gib)
     assert plan["reference"] == pytest.approx(500e6 * 2 / gib) and plan["headroom"] == pytest.approx(7.0)
-    refuse_if_short(plan)  # fits: 72 GiB to spare
+    refuse_if_short(plan, cfg)  # fits: 72 GiB to spare
     # The update guard's copy of the fp32 weights and Adam's moments: 12 bytes more per parameter.
-    guarded = shared_gpu_plan(load_config(None, ["sampling.vllm.gpu_memory_utilization=0.35"]), total_bytes=140 * gib,
-                              params=500_000_000, policy_dtype=torch.bfloat16, reference_here=True)
+    guarded_cfg = load_config(None, ["sampling.backend=vllm", "sampling.vllm.gpu_memory_utilization=0.35"])
+    guarded = shared_gpu_plan(guarded_cfg, total_bytes=140 * gib, params=500_000_000, policy_dtype=torch.bfloat16,
+                              reference_here=True)
     assert guarded["policy"] - plan["policy"] == pytest.approx(500e6 * 12 / gib)
     # A 7B policy beside an engine taking 0.85 of the GPU cannot fit.
-    cfg = load_config(None, ["sampling.vllm.gpu_memory_utilization=0.85", "optim.divergence_factor=0"])
+    cfg = load_config(None, ["sampling.backend=vllm", "sampling.vllm.gpu_memory_utilization=0.85",
+                             "optim.divergence_factor=0"])
     plan = shared_gpu_plan(cfg, total_bytes=140 * gib, params=7_000_000_000, policy_dtype=torch.bfloat16,
                            reference_here=False)
     with pytest.raises(ConfigError, match=r"^sampling.vllm.gpu_memory_utilization: the policy and the vLLM engine "
                                           r"cannot share this GPU \(140 GiB\): engine 119 GiB \+ policy .* 130 GiB"):
-        refuse_if_short(plan)
-    # Nothing is shared on CPU.
+        refuse_if_short(plan, cfg)
+    # Nothing is shared on CPU, nor with an engine that holds no share of the GPU (HF generate).
     assert check_shared_gpu(cfg, model_path="unused", device=torch.device("cpu"), policy_dtype=torch.float32,
+                            reference_here=True) is None
+    hf = load_config(None, ["sampling.backend=hf"])
+    assert check_shared_gpu(hf, model_path="unused", device=torch.device("cuda"), policy_dtype=torch.bfloat16,
                             reference_here=True) is None

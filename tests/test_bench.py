@@ -173,12 +173,16 @@ def test_trl_arguments_describe_the_same_step():
 
     from rlft.bench.trl_baseline import grpo_config_kwargs
     from rlft.config import load_config
+    from rlft.engines.vllm_backend import VLLM
 
-    cfg = load_config(None)
+    cfg = load_config(None, ["sampling.vllm.sleep_mode=true", "sampling.vllm.gpu_memory_utilization=0.4"])
     spec = {"workload": asdict(WORKLOADS["w-big"]), "num_processes": 1, "optim": asdict(cfg.optim),
             "grpo": asdict(cfg.grpo), "sampling": asdict(cfg.sampling), "use_vllm": True, "out_dir": "x",
+            "vllm_options": VLLM.options(cfg, "cuda"),  # as rlft.bench.cli.trl_spec writes it on a GPU
             "steps": 6, "seed": 0, "bf16": True, "gpu": True, "activation_checkpointing": False}
     kw, dropped = grpo_config_kwargs(spec)
+    # TRL's colocated vLLM takes rlft's engine settings: its share of the GPU and sleep mode
+    assert (kw["vllm_gpu_memory_utilization"], kw["vllm_enable_sleep_mode"]) == (0.4, True)
     assert dropped == []
     # 64 prompts x 8 = 512 completions in micro-batches of 8: one generation, 64 accumulation steps
     assert kw["per_device_train_batch_size"] == 8 and kw["gradient_accumulation_steps"] == 64

@@ -51,8 +51,7 @@ def test_defaults_are_the_documented_ones():
     assert s.stop == ["</answer>"]
     assert s.include_stop_str_in_output is True
     assert s.repetition_penalty == 1.1
-    # Unset: eager on CPU (vLLM compiles for ~30 s at start there), compiled on GPUs.
-    assert s.vllm.enforce_eager is None and s.vllm.eager(on_gpu=False) and not s.vllm.eager(on_gpu=True)
+    assert s.vllm.enforce_eager is None  # vLLM's record: eager on CPU, compiled on GPUs (test_engine_records.py)
     assert o.lr == 1e-5
     assert o.betas == [0.9, 0.95]
     assert o.weight_decay == 0.0
@@ -105,7 +104,7 @@ sampling:
     assert cfg.optim.lr == 2e-6 and type(cfg.optim.lr) is float
     assert cfg.optim.betas == [0.8, 0.9]
     assert cfg.sampling.stop == ["</answer>", "</think>"]
-    assert cfg.sampling.vllm.enforce_eager is True and cfg.sampling.vllm.eager(on_gpu=True)
+    assert cfg.sampling.vllm.enforce_eager is True
     assert cfg.grpo.cliprange_high is None
     assert cfg.schedule.steps == 7
     # ... the file wins over the defaults ...
@@ -540,13 +539,3 @@ def test_logprob_and_micro_batch_settings_are_checked():
     for key in ("grpo.mismatch_metrics_every", "optim.micro_batch_tokens"):
         with pytest.raises(ConfigError, match=key):
             load_config(None, [f"{key}=-1"])
-
-
-def test_the_vllm_engine_runs_eagerly_on_cpu_unless_told_otherwise():
-    from rlft.runtime.build import vllm_options
-
-    cfg = load_config(None)
-    assert vllm_options(cfg, "cpu")["enforce_eager"] is True
-    assert vllm_options(cfg, "cuda")["enforce_eager"] is False
-    compiled = load_config(None, ["sampling.vllm.enforce_eager=false"])
-    assert vllm_options(compiled, "cpu")["enforce_eager"] is False

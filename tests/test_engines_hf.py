@@ -449,27 +449,46 @@ def test_make_engine_hf_from_a_saved_model(tokenizer, tmp_path):
         make_engine("tgi", path)
 
 
-def test_a_registered_backend_is_built_chosen_and_described_by_its_record(tokenizer, tmp_path, monkeypatch):
-    from rlft.config import load_config
-    from rlft.engines import BACKENDS, Backend, backend_choices, candidates, resolve_backend
-    from rlft.runtime.rank import may_host_gpu_process_engine
-    from rlft.config.topology import roles_for_rank
+@pytest.fixture
+def registry():
+    """rlft.engines' registry, restored after the test (which registers engines of its own)."""
+    from rlft.engines import BACKENDS
 
-    assert backend_choices() == ("auto", *BACKENDS) and list(BACKENDS)[:2] == ["vllm", "hf"]  # auto tries vLLM first
-    assert (BACKENDS["vllm"].own_gpu_process, BACKENDS["hf"].own_gpu_process) == (True, False)
-    assert candidates("auto") == list(BACKENDS.values()) and candidates("hf") == [BACKENDS["hf"]]
+    saved = dict(BACKENDS)
+    yield BACKENDS
+    BACKENDS.clear()
+    BACKENDS.update(saved)
+
+
+def test_a_registered_backend_is_built_chosen_and_described_by_its_record(tokenizer, tmp_path, registry):
+    from dataclasses import dataclass
+
+    from rlft.config import load_config
+    from rlft.config.topology import roles_for_rank
+    from rlft.engines import Backend, backend_choices, candidates, register_backend, resolve_backend
+    from rlft.runtime.rank import may_host_gpu_process_engine
+
+    assert backend_choices() == ("auto", *registry) and list(registry)[:2] == ["vllm", "hf"]  # auto tries vLLM first
+    assert (registry["vllm"].own_gpu_process, registry["hf"].own_gpu_process) == (True, False)
+    assert candidates("auto") == list(registry.values()) and candidates("hf") == [registry["hf"]]
     # A new engine is one record: the config accepts it, make_engine builds it, `auto` tries it in
     # order, and a rank that may build it restricts its GPU when the record says it needs to.
     path = save_model(chain_model(tokenizer), tokenizer, tmp_path / "chain")
     built = []
 
-    def build(model_path, *, options, **common):
-        built.append((model_path, options))
-        return HFEngine(model_path, **common)
+    @dataclass(frozen=True)
+    class GreedyHF(Backend):
+        def usable(self, model_path, device):
+            return device == "cpu", "CPU only"
 
-    new = {"greedy_hf": Backend("greedy_hf", build, own_gpu_process=True,
-                                usable=lambda model_path, device: (device == "cpu", "CPU only"))}
-    monkeypatch.setattr("rlft.engines.BACKENDS", {**new, **BACKENDS})
+        def build(self, model_path, *, options, **common):
+            built.append((model_path, options))
+            return super().build(model_path, options={}, **common)
+
+    others = dict(registry)
+    registry.clear()  # registered first, so that `auto` tries it first
+    register_backend(GreedyHF("greedy_hf", engine="rlft.engines.hf_engine:HFEngine", own_gpu_process=True))
+    registry.update(others)
     cfg = load_config(None, ["sampling.backend=greedy_hf", "topology.policy_ranks=[0]", "topology.pipeline_stages=1",
                              "topology.sampler_rank=1", "topology.reference_rank=1", "topology.evaluator_rank=1"])
     assert isinstance(make_engine("greedy_hf", path, options={"x": 1}), HFEngine) and built == [(path, {"x": 1})]
@@ -477,22 +496,28 @@ def test_a_registered_backend_is_built_chosen_and_described_by_its_record(tokeni
     assert resolve_backend("auto", path, "cuda").name != "greedy_hf"
     assert may_host_gpu_process_engine(cfg, roles_for_rank(cfg.topology, 1))  # sampler and evaluator
     assert not may_host_gpu_process_engine(cfg, roles_for_rank(cfg.topology, 0))  # the policy only
+    # A name is registered once; `auto` is not an engine's name.
+    register_backend(registry["greedy_hf"])  # the same record again: nothing changes
+    with pytest.raises(ValueError, match="'hf' is registered already"):
+        register_backend(Backend("hf", engine="elsewhere:Engine"))
+    with pytest.raises(ValueError, match="cannot be named 'auto'"):
+        register_backend(Backend("auto", engine="elsewhere:Engine"))
 
 
 def test_vllm_version_check_names_installed_version_and_range(monkeypatch):
-    from rlft.engines import vllm_engine
+    from rlft.engines import vllm_backend
 
-    monkeypatch.setattr(vllm_engine, "installed_vllm_version", lambda: "0.8.5")
+    monkeypatch.setattr(vllm_backend, "installed_vllm_version", lambda: "0.8.5")
     with pytest.raises(EngineUnavailable, match=r"vLLM 0\.8\.5 is installed; rlft supports vllm >=0\.10\.2,<0\.33"):
-        vllm_engine.check_vllm()
-    monkeypatch.setattr(vllm_engine, "installed_vllm_version", lambda: None)
+        vllm_backend.check_vllm()
+    monkeypatch.setattr(vllm_backend, "installed_vllm_version", lambda: None)
     with pytest.raises(EngineUnavailable, match="vLLM is not installed"):
         make_engine("vllm", "unused")
-    monkeypatch.setattr(vllm_engine, "installed_vllm_version", lambda: "0.33.0rc1")
+    monkeypatch.setattr(vllm_backend, "installed_vllm_version", lambda: "0.33.0rc1")
     with pytest.raises(EngineUnavailable, match="0.33.0rc1"):
-        vllm_engine.check_vllm()
-    monkeypatch.setattr(vllm_engine, "installed_vllm_version", lambda: "0.32.0+cpu")
-    assert vllm_engine.check_vllm() == "0.32.0+cpu"
+        vllm_backend.check_vllm()
+    monkeypatch.setattr(vllm_backend, "installed_vllm_version", lambda: "0.32.0+cpu")
+    assert vllm_backend.check_vllm() == "0.32.0+cpu"
 
 
 def test_restrict_to_device(monkeypatch):

@@ -371,16 +371,16 @@ def test_waking_empties_the_trainers_cache_only_when_the_gpu_is_short(monkeypatc
 
 @requires_vllm
 def test_auto_backend_checks_cpu_model_support(model_dir, tokenizer, tmp_path):
-    from rlft.engines import _vllm_usable
+    from rlft.engines.vllm_backend import VLLM
 
-    assert _vllm_usable(model_dir, "cpu") == (True, "")
+    assert VLLM.usable(model_dir, "cpu") == (True, "")
     config = helpers.tiny_config(tokenizer)
     config.head_dim = 16
     config.architectures = ["LlamaForCausalLM"]
     config.save_pretrained(tmp_path)
-    usable, why = _vllm_usable(str(tmp_path), "cpu")
+    usable, why = VLLM.usable(str(tmp_path), "cpu")
     assert not usable and "head_dim 16" in why
-    usable, why = _vllm_usable(model_dir, "cuda")
+    usable, why = VLLM.usable(model_dir, "cuda")
     assert not usable and "does not target device 'cuda'" in why
 
 

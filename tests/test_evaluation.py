@@ -206,6 +206,7 @@ def test_cli_end_to_end_tiny_model(tiny_model, tmp_path, gsm8k_dir):
 
     summary = json.loads((out / SUMMARY_FILE).read_text())
     assert summary["num_examples"] == 20 and summary["k"] == 1
+    assert (summary["backend"], summary["engine"]) == ("hf", "HFEngine")
     mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
     assert summary["accuracy"] == pytest.approx(mean("answer_reward"))
     assert summary["format_rate"] == pytest.approx(mean("format_reward"))

@@ -234,13 +234,13 @@ def test_one_gpu_memory_plan_counts_frozen_base_weights_and_adapters(tmp_path):
     # (20 bytes a parameter); with LoRA the base is 2 bytes a parameter and only 40M adapter
     # parameters carry gradients and Adam's moments.
     gib = 2**30
-    cfg = build_config({}, ["sampling.vllm.gpu_memory_utilization=0.8", "model.lora.enabled=true",
-                                   "optim.divergence_factor=0"])
+    cfg = build_config({}, ["sampling.backend=vllm", "sampling.vllm.gpu_memory_utilization=0.8",
+                            "model.lora.enabled=true", "optim.divergence_factor=0"])
     full = shared_gpu_plan(cfg, total_bytes=140 * gib, params=7_000_000_000, policy_dtype=torch.bfloat16,
                            reference_here=False)
     with pytest.raises(ConfigError, match="cannot share this GPU"):
-        refuse_if_short(full)
+        refuse_if_short(full, cfg)
     lora = shared_gpu_plan(cfg, total_bytes=140 * gib, params=7_000_000_000, policy_dtype=torch.bfloat16,
                            reference_here=False, adapter_params=40_000_000)
     assert lora["policy"] == pytest.approx((7e9 * 2 + 40e6 * 20) / gib)
-    refuse_if_short(lora)  # fits
+    refuse_if_short(lora, cfg)  # fits

@@ -170,8 +170,8 @@ def test_out_of_memory_names_the_phase_and_what_frees_memory_on_that_rank():
         "1.20 GiB is free. Of the allocated memory 90.1 GiB is allocated by PyTorch, and 3.2 GiB is reserved "
         "by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
-    awake = load_config(REPO / "launch/configs/grpo_1gpu.yaml",
-                        ["sampling.vllm.sleep_mode=false", "optim.train_micro_batch_size=8"])
+    awake = load_config(REPO / "launch/configs/grpo_1gpu.yaml",  # `auto` as settled at start on a GPU with vLLM
+                        ["sampling.backend=vllm", "sampling.vllm.sleep_mode=false", "optim.train_micro_batch_size=8"])
     ctx = RankContext(cfg=awake, roles=roles_for_rank(awake.topology, 0), bridge=None, device=torch.device("cpu"))
     ctx.failed_phase = "train"
     line = out_of_memory_message(ctx, error)
@@ -183,8 +183,14 @@ def test_out_of_memory_names_the_phase_and_what_frees_memory_on_that_rank():
             "optim.train_micro_batch_size (now 8), model.activation_checkpointing: true;") in line
     assert line.endswith("the checkpoints saved so far are kept (output.resume: auto, the default, goes on from the last)")
 
-    asleep = load_config(REPO / "launch/configs/grpo_1gpu.yaml", ["optim.micro_batch_tokens=16384"])
+    asleep = load_config(REPO / "launch/configs/grpo_1gpu.yaml",
+                         ["sampling.backend=vllm", "optim.micro_batch_tokens=16384"])
     ctx = RankContext(cfg=asleep, roles=roles_for_rank(asleep.topology, 0), bridge=None, device=torch.device("cpu"))
     line = out_of_memory_message(ctx, error)
     assert line.startswith("out of GPU memory: CUDA out of memory.") and "sleep_mode" not in line
     assert "a lower optim.micro_batch_tokens (now 16384)" in line and "train_micro_batch_size" not in line
+    # HF generate holds no share of the GPU and never sleeps: its record advises nothing.
+    hf = load_config(REPO / "launch/configs/grpo_1gpu.yaml", ["sampling.backend=hf"])
+    ctx = RankContext(cfg=hf, roles=roles_for_rank(hf.topology, 0), bridge=None, device=torch.device("cpu"))
+    line = out_of_memory_message(ctx, error)
+    assert "sampling.vllm" not in line and "a lower optim.train_micro_batch_size" in line

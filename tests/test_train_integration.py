@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "launch" / "configs" / "grpo_cpu_tiny.yaml"
@@ -198,11 +199,14 @@ def test_vllm_backend_runs_the_same_topology(tiny_run, tmp_path):
     pytest.importorskip("vllm")
     out = tmp_path / "vllm_run"
     # The evaluator shares the sampler's rank (and so its vLLM engine): one engine start, not two.
+    # `auto` becomes vLLM here (installed, a CPU build, and the tiny model's head size is one its CPU
+    # attention runs): settled once at start for every rank, and the saved config names it.
     res = launch(*tiny_run["common"][:2], f"output.dir={out}", *tiny_run["common"][3:],
-                 "sampling.backend=vllm", "topology.evaluator_rank=3",
+                 "sampling.backend=auto", "topology.evaluator_rank=3",
                  "schedule.steps=2", "schedule.save_every=0", timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
-    assert "VLLMEngine" in res.stderr
+    assert "VLLMEngine" in res.stderr and "rollout backend auto -> vllm" in res.stderr
+    assert yaml.safe_load((out / "config.yaml").read_text())["sampling"]["backend"] == "vllm"
     steps = read_steps(out)
     assert [s["step"] for s in steps] == [1, 2]
     for s in steps:

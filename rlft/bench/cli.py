@@ -23,6 +23,8 @@ from pathlib import Path
 from rlft.bench import environment, metrics
 from rlft.bench.presets import MODEL_SHAPES, WORKLOADS, Workload, model_facts, resolve_bench_model, workload_key
 from rlft.engines import backend_choices
+from rlft.engines.hf_backend import HF
+from rlft.engines.vllm_backend import VLLM
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SUMMARY = REPO / "benchmarks" / "results" / "summary.json"
@@ -52,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                             "launch/configs/grpo_<N>gpu.yaml); ignored on CPU")
     p.add_argument("--config", help="base YAML instead of launch/configs/grpo_<N>gpu.yaml (CPU: one process)")
     p.add_argument("--backend", choices=backend_choices(),
-                   help="rollout engine (default: vllm on GPU, hf on CPU)")
+                   help=f"rollout engine (default: {VLLM.name} on GPU, {HF.name} on CPU, as TRL's baseline generates)")
     p.add_argument("--data", default="gsm_symbolic", help="prompt source (data.source; default gsm_symbolic)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baseline", choices=("none", "trl"), default="none",
@@ -228,10 +230,13 @@ def trl_prompts(cfg, steps: int) -> list[dict]:
 
 
 def trl_spec(cfg, w: Workload, *, steps: int, use_gpu: bool, nproc: int, out_dir: Path) -> dict:
+    """What TRL's baseline runs; on a GPU it generates with vLLM colocated, with the settings rlft's
+    vLLM engine takes from the config (its record's options: share of the GPU, sleep mode)."""
     return {
         "model": cfg.model.path, "steps": steps, "seed": cfg.seed, "out_dir": str(out_dir),
         "gpu": use_gpu, "bf16": policy_dtype(cfg, use_gpu) == "bfloat16", "num_processes": nproc,
-        "use_vllm": use_gpu, "activation_checkpointing": cfg.model.activation_checkpointing,
+        "use_vllm": use_gpu, "vllm_options": VLLM.options(cfg, "cuda") if use_gpu else {},
+        "activation_checkpointing": cfg.model.activation_checkpointing,
         "workload": dataclasses.asdict(w),
         "sampling": dataclasses.asdict(cfg.sampling), "optim": dataclasses.asdict(cfg.optim),
         "grpo": dataclasses.asdict(cfg.grpo), "reward": dataclasses.asdict(cfg.reward),
@@ -275,14 +280,17 @@ def run_trl(cfg, w: Workload, *, steps: int, use_gpu: bool, gpus: int, out: Path
 
 
 def raw_engine_spec(cfg, w: Workload, *, steps: int, use_gpu: bool, out_dir: Path) -> dict:
-    """What the raw-engine baseline runs: rlft's prompts in rlft's order, its sampling and engine settings."""
+    """What the raw-engine baseline runs: rlft's prompts in rlft's order, its sampling, and the
+    settings rlft's vLLM engine takes from the config (its record's options)."""
     from rlft.common import resolve_dtype
 
-    v = cfg.sampling.vllm
+    device = "cuda" if use_gpu else "cpu"
+    opts = VLLM.options(cfg, device)
     return {"model": cfg.model.path, "steps": steps, "seed": cfg.seed, "out_dir": str(out_dir), "gpu": use_gpu,
-            "dtype": resolve_dtype(cfg.model.dtype, "cuda" if use_gpu else "cpu"),
-            "gpu_memory_utilization": v.gpu_memory_utilization, "enforce_eager": v.eager(use_gpu),
-            "max_model_len": v.max_model_len, "workload": dataclasses.asdict(w),
+            "dtype": resolve_dtype(cfg.model.dtype, device),
+            "gpu_memory_utilization": opts.get("gpu_memory_utilization"), "enforce_eager": opts["enforce_eager"],
+            "max_model_len": opts["max_model_len"], "kv_cache_memory_bytes": opts.get("kv_cache_memory_bytes"),
+            "workload": dataclasses.asdict(w),
             "sampling": dataclasses.asdict(cfg.sampling), "prompts": trl_prompts(cfg, steps)}
 
 
@@ -368,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         say(f"model {args.model}: preparing")
         model_dir = resolve_bench_model(args.model, tokenizer_dir=args.tokenizer, seed=args.seed)
-        backend = args.backend or ("vllm" if use_gpu else "hf")
+        backend = args.backend or (VLLM.name if use_gpu else HF.name)  # as TRL's baseline generates
         overrides = bench_overrides(w, model_dir=model_dir, data=args.data, steps=args.steps, backend=backend,
                                     seed=args.seed, out_dir=str(run_dir), cpu=not use_gpu) + list(args.overrides)
         base = base_config(args, use_gpu, gpus)

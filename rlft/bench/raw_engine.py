@@ -13,7 +13,6 @@ tokens, and the median tokens/s over the steps after the first (the rule of rlft
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import sys
@@ -23,7 +22,9 @@ from pathlib import Path
 
 def raw_engine_unavailable_reason() -> str | None:
     """Why the baseline cannot run here (None: it can)."""
-    if importlib.util.find_spec("vllm") is None:
+    from rlft.engines.vllm_backend import VLLM
+
+    if not VLLM.installed():
         return "vllm is not installed; the raw-engine baseline is skipped"
     return None
 

@@ -30,7 +30,9 @@ def trl_unavailable_reason(use_vllm: bool) -> str | None:
         return "trl is not installed (pip install trl); the baseline is skipped"
     if importlib.util.find_spec("datasets") is None:
         return "datasets is not installed (TRL needs it); the baseline is skipped"
-    if use_vllm and importlib.util.find_spec("vllm") is None:
+    from rlft.engines.vllm_backend import VLLM
+
+    if use_vllm and not VLLM.installed():
         return "vllm is not installed; TRL's vLLM colocate baseline is skipped"
     return None
 
@@ -98,8 +100,8 @@ def grpo_config_kwargs(spec: dict, known_fields: set[str] | None = None) -> tupl
     if use_vllm:
         kwargs.update({
             "vllm_mode": "colocate",
-            "vllm_gpu_memory_utilization": s["vllm"]["gpu_memory_utilization"],
-            "vllm_enable_sleep_mode": s["vllm"]["sleep_mode"],
+            "vllm_gpu_memory_utilization": spec["vllm_options"]["gpu_memory_utilization"],
+            "vllm_enable_sleep_mode": spec["vllm_options"]["enable_sleep_mode"],
             # rlft applies no importance-sampling correction between vLLM's and the trainer's log-probs
             "vllm_importance_sampling_correction": False,
         })

@@ -23,7 +23,7 @@ from rlft.config.schema import (
     TopologyConfig,
     check_sampling_ranges,
 )
-from rlft.engines import backend_choices
+from rlft.engines import BACKENDS, EngineSettingError, backend_choices
 from rlft.grpo import (
     ADVANTAGE_ESTIMATORS,
     AGGREGATION_MODES,
@@ -180,17 +180,16 @@ def _check_sampling_section(s: SamplingConfig) -> None:
     _require(s.backend in backend_choices(),
              f"sampling.backend: must be one of {', '.join(backend_choices())}, got '{s.backend}'")
     _check_sampling(s)
-    _require(0 < s.vllm.gpu_memory_utilization <= 1,
-             f"sampling.vllm.gpu_memory_utilization: must be in (0, 1], got {s.vllm.gpu_memory_utilization}")
+    try:
+        for record in BACKENDS.values():  # every engine's own settings, whichever is used (auto may pick any)
+            record.check_settings(s)
+    except EngineSettingError as e:
+        raise ConfigError(str(e)) from None
     _require(s.eval_max_tokens is None or s.eval_max_tokens >= 1,
              f"sampling.eval_max_tokens: must be >= 1 or null, got {s.eval_max_tokens}")
     _require(s.eval_max_tokens is None or s.eval_max_tokens >= s.min_tokens,
              f"sampling.eval_max_tokens: must be >= sampling.min_tokens ({s.min_tokens}), the evaluation's "
              f"forced minimum, got {s.eval_max_tokens}")
-    _require(s.vllm.max_model_len is None or s.vllm.max_model_len >= 1,
-             f"sampling.vllm.max_model_len: must be >= 1 or null, got {s.vllm.max_model_len}")
-    _require(s.vllm.kv_cache_memory_bytes is None or s.vllm.kv_cache_memory_bytes >= 1,
-             f"sampling.vllm.kv_cache_memory_bytes: must be >= 1 or null, got {s.vllm.kv_cache_memory_bytes}")
 
 
 def _check_optim(o: schema.OptimConfig, g: GRPOConfig) -> None:

@@ -115,6 +115,7 @@ class DataConfig:
 
 @dataclass
 class VLLMConfig:
+    # vLLM's own settings; read by its engine record alone (rlft/engines/vllm_backend.py).
     gpu_memory_utilization: float = 0.85
     max_model_len: int | None = None
     # None: eager on CPU (vLLM's CPU torch.compile costs ~30 s at every start), compiled with CUDA graphs
@@ -123,15 +124,13 @@ class VLLMConfig:
     sleep_mode: bool = False  # free the engine's GPU memory between uses when it shares a GPU
     kv_cache_memory_bytes: int | None = None  # CPU engines: KV cache size (default 256 MiB)
 
-    def eager(self, on_gpu: bool) -> bool:
-        """Whether the engine runs eagerly (`enforce_eager`, or its default for the device)."""
-        return not on_gpu if self.enforce_eager is None else self.enforce_eager
-
 @dataclass
 class SamplingConfig:
     # The engines' sampling parameters (vLLM's semantics, and the defaults of
     # rlft.engines.base.SamplingSpec), then what only the run needs.
-    backend: str = "auto"  # auto picks vLLM when it is installed and supported
+    # A registered engine (rlft/engines/), or auto: the first one usable for the model and device (vLLM
+    # when it is installed and supported, else HF generate), settled at start; config.yaml names it.
+    backend: str = "auto"
     temperature: float = _SPEC.temperature
     top_p: float = _SPEC.top_p
     min_tokens: int = _SPEC.min_tokens

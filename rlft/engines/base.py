@@ -30,6 +30,11 @@ class EngineUnavailable(RuntimeError):
     """The requested backend cannot be used here (not installed, unsupported version, ...)."""
 
 
+class EngineSettingError(ValueError):
+    """A setting of an engine's that cannot work (its record's checks); the message names the key.
+    The config and the rank start-up report it as a config error."""
+
+
 # The sampling parameters' ranges, checked in one place for the config (sampling.*), the engines
 # (SamplingSpec below, whose defaults are the config's sampling.*) and python -m rlft.evaluate.
 SAMPLING_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
@@ -175,6 +180,12 @@ class RolloutEngine(ABC):
         give the same values as HF's separate projections; compare with
         :func:`named_weights_checksum` of the source weights cast to the engine's dtype.
         """
+
+    @property
+    def sleeps(self) -> bool:
+        """The engine was built to give its memory back between uses (its record's ``sleeps``): its
+        users put it to sleep after sampling, and it wakes for the next sync."""
+        return False
 
     def sleep(self, level: int = 1) -> None:
         """Free accelerator memory while another role uses the device (no-op by default).  Level 1

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import sys
 import time
@@ -304,14 +303,14 @@ def load_inputs(args: argparse.Namespace) -> tuple[str, list[tuple[DataSpec, lis
     return model_path, sets
 
 
-def prepare_vllm_environment() -> None:
-    """Settings vLLM reads when it starts, unless the user chose otherwise.  Its engine runs in a
-    child process, which cannot use CUDA when forked after torch has looked for a GPU ("Cannot
-    re-initialize CUDA in forked subprocess"): spawn it.  Its log lines go to stderr, warnings only,
-    so stdout holds the results."""
-    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+def prepare_engines() -> None:
+    """Settings the engines read when they start (their records' `prepare_process`: vLLM's engine
+    process is spawned, and its log goes to stderr, warnings only, so stdout holds the results),
+    unless the user chose otherwise."""
+    from rlft.engines import BACKENDS
+
+    for record in BACKENDS.values():
+        record.prepare_process()
 
 
 def drop_long_questions(sets: list[tuple[DataSpec, list]], tokenizer, model_path: str, template,
@@ -339,7 +338,7 @@ def drop_long_questions(sets: list[tuple[DataSpec, list]], tokenizer, model_path
 
 
 def main(argv: list[str] | None = None) -> int:
-    prepare_vllm_environment()  # before anything looks at CUDA or imports vLLM
+    prepare_engines()  # before anything looks at CUDA or imports an engine
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
@@ -350,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rlft.engines import EngineUnavailable, make_engine
+    from rlft.engines import EngineUnavailable, resolve_backend
     from rlft.evaluate.scoring import evaluate, write_results
     from rlft.models.loading import load_tokenizer
 
@@ -370,13 +369,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        engine = make_engine(args.backend, model_path, dtype=resolve_dtype(args.dtype, device), device=device,
-                             seed=args.seed, tokenizer=tokenizer,
-                             options={"gpu_memory_utilization": args.gpu_memory_utilization} if device == "cuda" else None)
+        backend = resolve_backend(args.backend, model_path, device)  # auto: the first usable here, as a run's
+        engine = backend.build(model_path, dtype=resolve_dtype(args.dtype, device), device=device, seed=args.seed,
+                               tokenizer=tokenizer,
+                               options=backend.evaluation_options(device, gpu_share=args.gpu_memory_utilization))
     except OSError as exc:  # e.g. a hub id while offline, or a directory without a tokenizer
         print(f"{PROG}: error: could not load {args.model!r}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except EngineUnavailable as exc:  # --backend vllm where vLLM cannot run
+    except EngineUnavailable as exc:  # an engine named that cannot run here (vLLM missing, or for another device)
         print(f"{PROG}: error: --backend {args.backend}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     with engine:  # closes the engine (vLLM's worker processes) however evaluation ends
@@ -393,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
                                         progress=not args.no_progress)
             # What produced these numbers, so a summary file stands on its own.
             summary.update(model=args.model, data=f"{data.source}:{data.split}", split=data.split,
-                           engine=type(engine).__name__, device=device, temperature=spec.temperature,
-                           top_p=spec.top_p, max_tokens=spec.max_tokens, seed=args.seed,
+                           engine=type(engine).__name__, backend=backend.name, device=device,
+                           temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_tokens, seed=args.seed,
                            prompt_template=args.prompt.template, answer_format=args.prompt.answer_format,
                            skipped_prompt_too_long=skipped[data.label])
             results_path, summary_path = write_results(out_dir, records, summary)

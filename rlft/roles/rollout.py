@@ -47,7 +47,7 @@ class RolloutWorker:
 
     @property
     def sleep_level(self) -> int:
-        """How deeply the engine sleeps between steps (with `sampling.vllm.sleep_mode`).  When every
+        """How deeply the engine sleeps between steps (an engine that `sleeps`).  When every
         step syncs the policy's weights into it before it generates again (`schedule.sync_every: 1`
         and no batches collected ahead), level 2: its weights are dropped, not copied to host memory
         and back (3-4 GB each way for a 1.5B model), since the sync replaces them all (its checksum
@@ -83,7 +83,7 @@ class RolloutWorker:
             pool.add_round(informative_groups(torch.tensor([x["reward"] for x in part_grades]), self.group_size))
             if pool.full:
                 break
-        if cfg.sampling.vllm.sleep_mode:
+        if self.engine.sleeps:
             self.engine.sleep(level=self.sleep_level)  # give the GPU's memory to the policy until the next sync
         if g.dynamic_sampling:
             metrics.update(pool.stats())

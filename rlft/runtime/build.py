@@ -125,7 +125,9 @@ def check_prompt_fits_tokenizer(ctx: RankContext) -> None:
 
 def prompt_limit(cfg: RunConfig, model_path: str, *, evaluation: bool) -> int | None:
     """The longest prompt that leaves room for the response budget (`sampling.max_tokens`, or the
-    evaluation's) in the model's positions and `sampling.vllm.max_model_len`."""
+    evaluation's) in the model's positions and those the engine's settings allow (its record's
+    `context_limit`)."""
+    from rlft.engines import backend_record
     from rlft.models.loading import context_length
     from rlft.prompts import prompt_token_limit
 
@@ -135,56 +137,21 @@ def prompt_limit(cfg: RunConfig, model_path: str, *, evaluation: bool) -> int | 
     else:
         budget, what = s.max_tokens, "sampling.max_tokens"
     try:
-        return prompt_token_limit(context_length(model_path, s.vllm.max_model_len), budget, what)
+        return prompt_token_limit(context_length(model_path, backend_record(cfg).context_limit(cfg)), budget, what)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
 
 def engine_for_run(ctx: RankContext, model_path: str):
-    """A rollout engine for `model_path` as the run's config asks (`sampling.backend`, `sampling.vllm`)."""
-    from rlft.engines import make_engine
+    """A rollout engine for `model_path` as the run's config asks: the record of its (resolved)
+    `sampling.backend` checks what it can before the engine starts, and gives its options."""
+    from rlft.engines import EngineSettingError, backend_record, make_engine
 
-    cfg = ctx.cfg
-    if cfg.sampling.backend == "vllm" and ctx.device.type == "cpu":
-        check_cpu_kv_cache(cfg, model_path, ctx.dtype)
-    return make_engine(cfg.sampling.backend, model_path, dtype=ctx.dtype, device=str(ctx.device), seed=cfg.seed,
-                       tokenizer=ctx.tokenizer, options=vllm_options(cfg, ctx.device.type))
-
-
-def check_cpu_kv_cache(cfg: RunConfig, model_path: str, dtype: str) -> None:
-    """vLLM on CPU gets a fixed KV cache (`sampling.vllm.kv_cache_memory_bytes`, 256 MiB unless set)
-    and refuses to start when one sequence of `max_model_len` (by default the model's whole context)
-    does not fit; say so in one line, with the settings that fix it, instead of vLLM's failed start."""
-    from rlft.models.loading import context_length, load_hf_config
-
-    v = cfg.sampling.vllm
-    c = load_hf_config(model_path)
-    c = getattr(c, "text_config", None) or c
-    layers, heads = getattr(c, "num_hidden_layers", None), getattr(c, "num_attention_heads", None)
-    positions = context_length(model_path, v.max_model_len)
-    if not (isinstance(layers, int) and isinstance(heads, int) and positions):
-        return
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or heads
-    per_token = 2 * layers * kv_heads * head_dim * (4 if dtype == "float32" else 2)  # keys and values
-    cache = v.kv_cache_memory_bytes or 256 << 20
-    if positions * per_token <= cache:
-        return
-    fits = cache // per_token // 256 * 256
-    raise ConfigError(
-        f"sampling.vllm: on CPU vLLM's KV cache is sampling.vllm.kv_cache_memory_bytes ({cache / 2**20:.0f} MiB), "
-        f"and one sequence of {positions} positions of this model needs {positions * per_token / 2**20:.0f} MiB "
-        f"({per_token} bytes a token in {dtype}); set sampling.vllm.max_model_len to at most ~{fits} (it must hold "
-        f"a prompt and sampling.max_tokens) or raise sampling.vllm.kv_cache_memory_bytes")
-
-
-def vllm_options(cfg: RunConfig, device_type: str) -> dict:
-    """The vLLM engine's keyword arguments from `sampling.vllm`."""
-    v = cfg.sampling.vllm
-    opts = {"enforce_eager": v.eager(device_type == "cuda"), "max_model_len": v.max_model_len,
-            "enable_sleep_mode": v.sleep_mode and device_type == "cuda"}
-    if device_type == "cuda":
-        opts["gpu_memory_utilization"] = v.gpu_memory_utilization
-    if v.kv_cache_memory_bytes is not None or device_type == "cpu":
-        opts["kv_cache_memory_bytes"] = v.kv_cache_memory_bytes or 256 << 20
-    return opts
+    cfg, device_type = ctx.cfg, ctx.device.type
+    backend = backend_record(cfg)
+    try:
+        backend.check(cfg, model_path, ctx.dtype, device_type)
+    except EngineSettingError as e:
+        raise ConfigError(str(e)) from None
+    return make_engine(backend.name, model_path, dtype=ctx.dtype, device=str(ctx.device), seed=cfg.seed,
+                       tokenizer=ctx.tokenizer, options=backend.options(cfg, device_type))

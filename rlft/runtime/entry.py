@@ -41,19 +41,51 @@ def check_init_checkpoint(path: str | None) -> None:
 
 def resolve_start_model(ctx: RankContext) -> None:
     """Rank 0 resolves (and, for a .gguf, converts) the starting model once; the others wait for its
-    path.  Every rank then loads the tokenizer."""
+    path.  Every rank then loads the tokenizer, and `sampling.backend` is settled for that model
+    (`settle_backend`)."""
     cfg = ctx.cfg
     path = resolve_model_path(cfg.output.init_checkpoint or cfg.model.path) if ctx.roles.rank == 0 else None
     ctx.model_path = ctx.bridge.broadcast_object(path, src=0)
     ctx.tokenizer = load_tokenizer(ctx.model_path)
+    settle_backend(ctx, ctx.model_path)
+
+
+def settle_backend(ctx: RankContext, model_path: str) -> None:
+    """`sampling.backend` becomes the name of the engine it means here, on every rank alike: the
+    evaluator's rank (which builds an engine in both trainers) asks the records
+    (`rlft.engines.resolve_backend`: for `auto`, the first engine usable for `model_path` on this
+    device, e.g. vLLM when it is installed, targets the device and, on CPU, runs this model) and
+    every rank takes its answer; the config.yaml written next names it.  Every call is collective
+    and a named engine stays as it is, so it may run again (SFT settles for its start model, then
+    for a finished model).
+
+    Here rather than when the config is loaded: what `auto` means depends on the model (on CPU,
+    its architecture and head size), which is only at hand once the start model is resolved (a hub
+    id fetched, a .gguf converted), and on the device the ranks chose; the launch checks the config
+    on its own node, before any rank starts and without torch.  Before this, only what a rank must
+    prepare for every engine the value may become reads it (`rlft.runtime.rank.restrict_gpu_for_engine`)."""
+    from rlft.engines import EngineUnavailable, resolve_backend
+
+    cfg, error, name = ctx.cfg, None, None
+    if ctx.roles.rank == cfg.topology.evaluator_rank:
+        try:
+            name = resolve_backend(cfg.sampling.backend, model_path, ctx.device.type).name
+        except EngineUnavailable as e:
+            error = f"sampling.backend: {e}"
+    error, name = ctx.bridge.broadcast_object((error, name), src=cfg.topology.evaluator_rank)
+    if error:
+        raise ConfigError(error)
+    cfg.sampling.backend = name
 
 
 def finished_output(ctx: RankContext) -> Path | None:
     """The entry rule: OUT/model already holds a model trained for `schedule.steps` -> its path (the
-    run evaluates it instead of training); the tokenizer is then the finished model's."""
+    run evaluates it instead of training, with the engine `sampling.backend` means for it); the
+    tokenizer is then the finished model's."""
     final = finished_model(ctx.cfg.output.dir, ctx.cfg.schedule.steps)
     if final is not None:
         ctx.tokenizer = load_tokenizer(str(final))
+        settle_backend(ctx, str(final))
     return final
 
 

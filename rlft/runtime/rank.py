@@ -110,12 +110,9 @@ def out_of_memory_message(ctx: RankContext, error: BaseException) -> str:
     cfg, roles = ctx.cfg, ctx.roles
     account = " ".join(str(error).split())
     account = account.split(" Of the allocated memory")[0][:400].rstrip(".")  # torch's fragmentation advice follows
-    engine_here = (roles.sampler or roles.evaluator) and cfg.sampling.backend != "hf"
     fixes = []
-    if roles.policy and engine_here and not cfg.sampling.vllm.sleep_mode:
-        fixes.append("sampling.vllm.sleep_mode: true (the vLLM engines give their memory back while the policy trains)")
-    if roles.policy and engine_here:
-        fixes.append(f"a lower sampling.vllm.gpu_memory_utilization (now {cfg.sampling.vllm.gpu_memory_utilization})")
+    if roles.policy and (roles.sampler or roles.evaluator):  # an engine beside the policy: what its record advises
+        fixes += engine_memory_advice(cfg)
     if roles.policy:
         if cfg.optim.micro_batch_tokens > 0:
             fixes.append(f"a lower optim.micro_batch_tokens (now {cfg.optim.micro_batch_tokens})")
@@ -127,6 +124,17 @@ def out_of_memory_message(ctx: RankContext, error: BaseException) -> str:
     advice = f"; what frees memory here: {', '.join(fixes)}" if fixes else ""
     return (f"out of GPU memory{where}: {account}{advice}; the checkpoints saved so far are kept "
             f"(output.resume: auto, the default, goes on from the last)")
+
+
+def engine_memory_advice(cfg: RunConfig) -> list[str]:
+    """What the run's engine record says frees memory beside the policy (nothing before `auto` is
+    resolved at start: no engine is built by then)."""
+    from rlft.engines import backend_record
+
+    try:
+        return backend_record(cfg).memory_advice(cfg)
+    except LookupError:
+        return []
 
 
 def hold_output_dir(ctx: RankContext) -> None:

