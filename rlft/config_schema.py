@@ -43,6 +43,10 @@ class LoRAConfig:
         if not self.target_modules or any(not isinstance(t, str) or not t for t in self.target_modules):
             raise ConfigError(f"model.lora.target_modules: must be a non-empty list of module names "
                               f"(e.g. {', '.join(LORA_TARGETS)}), got {self.target_modules!r}")
+        unknown = [t for t in self.target_modules if t not in LORA_TARGETS]
+        if unknown:  # peft would adapt the others and leave these out without a word
+            raise ConfigError(f"model.lora.target_modules: {', '.join(map(repr, unknown))} names no linear layer of a "
+                              f"decoder layer (llama, mistral, qwen2, qwen3 have {', '.join(LORA_TARGETS)})")
 
 
 @dataclass
