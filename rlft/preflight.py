@@ -1,19 +1,26 @@
 """What `launch/train.sh` and `launch/sft.sh` refuse before any rank starts.
 
-A run that cannot start (no starting model; an output directory a running launch holds; a
-checkpoint it cannot resume: another layout, other settings that cannot change on resume;
-`output.resume=never` in a directory another run has used) or cannot learn (a group of one under a loss that
-learns from differences within a group; fewer training rows than one step draws) is refused here,
-by `rlft.launch_plan`, with one line and exit status 2: nothing is written and no rank starts.
-The ranks check the same again where only they can (rows dropped as unusable while loading).
+A run that cannot start (no starting model: a path that names none, a hub id neither cached nor
+to be had from the hub, an `output.init_checkpoint` not made yet; a chat prompt for a tokenizer
+without a chat template; an output directory a running launch holds; a checkpoint it cannot resume:
+another layout, other settings that cannot change on resume; `output.resume=never` in a directory
+another run has used) or cannot learn (a group of one under a loss that learns from differences
+within a group; fewer training rows than one step draws, in the config or in a local .jsonl) is
+refused here, by `rlft.launch_plan`, with one line and exit status 2: nothing is written and no rank
+starts.  The ranks check the same again where only they can (rows dropped as unusable while
+loading, a chat template that renders the messages without the question).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rlft.common import looks_like_hub_id
 from rlft.config import ConfigError, RunConfig
+from rlft.hub_cache import cached_snapshot, check_hub_model
 from rlft.models import DEFAULT_MODEL, ModelPathError, check_model_dir, default_model_gguf
+
+SFT_CONFIGS = Path(__file__).resolve().parents[1] / "launch" / "configs"
 
 
 def check_model_path(spec: str, key: str = "model.path") -> None:
@@ -34,6 +41,109 @@ def check_model_path(spec: str, key: str = "model.path") -> None:
                                  f"id like 'org/name', or {DEFAULT_MODEL!r})")
     except ModelPathError as e:
         raise ConfigError(f"{key}: {e}") from None
+
+
+def sft_hint(path: str) -> str:
+    """How to make the starting checkpoint `path`: the SFT config that writes it, where one does."""
+    import yaml
+
+    for config in sorted(SFT_CONFIGS.glob("sft_*.yaml")):
+        out = ((yaml.safe_load(config.read_text()) or {}).get("output") or {}).get("dir")
+        if out and Path(out, "model") == Path(path):
+            return (f"make it with supervised fine-tuning first: `bash launch/sft.sh launch/configs/{config.name}` "
+                    f"(writes {path}), or point output.init_checkpoint at any HF model (a hub id or a local model "
+                    f"directory), or set it to null to start from model.path")
+    parent = Path(path).parent if Path(path).name == "model" else Path(path)
+    return (f"make it with supervised fine-tuning first: `bash launch/sft.sh SFT_CONFIG output.dir={parent}` (writes "
+            f"{parent}/model), or point output.init_checkpoint at any HF model (a hub id or a local model directory), "
+            f"or set it to null to start from model.path")
+
+
+def check_init_checkpoint(path: str | None) -> None:
+    """Refuse an `output.init_checkpoint` that names no model, saying how to make one.
+
+    Passes: None (start from model.path), a complete HF model directory, a .gguf file, the offline
+    default model's name, and hub ids (`org/name`, unless a local directory `org` exists, which
+    means a local path was meant) that are cached or to be had from the hub.  Raises ConfigError
+    otherwise."""
+    if path is None or path == DEFAULT_MODEL:
+        return
+    p = Path(path).expanduser()
+    if p.is_dir():
+        try:
+            check_model_dir(p)
+        except ModelPathError as e:
+            raise ConfigError(f"output.init_checkpoint: {e}; {sft_hint(path)}") from None
+        return
+    if p.is_file():
+        if p.suffix == ".gguf":
+            return
+        raise ConfigError(f"output.init_checkpoint: {path} is a file, not a model directory or a .gguf; "
+                          f"{sft_hint(path)}")
+    if looks_like_hub_id(path):
+        check_hub_model(path, "output.init_checkpoint")
+        return
+    raise ConfigError(f"output.init_checkpoint: {path} does not exist; {sft_hint(path)}")
+
+
+def local_model_dir(spec: str) -> Path | None:
+    """The directory holding model `spec`'s files here (a local model, or a hub id's cached
+    snapshot), or None where only a rank can tell (a .gguf not converted yet)."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    return cached_snapshot(spec) if looks_like_hub_id(spec) else None
+
+
+def has_chat_template(model_dir: Path) -> bool | None:
+    """Whether the tokenizer files in `model_dir` carry a chat template (None: no tokenizer files)."""
+    if (model_dir / "chat_template.jinja").is_file() or (model_dir / "chat_template.json").is_file():
+        return True
+    config = model_dir / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    try:
+        return bool(json.loads(config.read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_chat_template(cfg: RunConfig) -> None:
+    """A chat prompt needs a tokenizer with a chat template: refuse a local one without."""
+    if cfg.data.prompt_template != "chat" and cfg.data.prompt_messages is None:
+        return
+    spec = cfg.output.init_checkpoint or cfg.model.path
+    model_dir = local_model_dir(spec)
+    if model_dir is not None and has_chat_template(model_dir) is False:
+        key = "data.prompt_messages" if cfg.data.prompt_messages is not None else "data.prompt_template"
+        raise ConfigError(f"{key}: a chat prompt needs a tokenizer with a chat template, and {spec}'s tokenizer has "
+                          "none: use a text template (e.g. data.prompt_template=r1_zero) for a base model")
+
+
+def check_training_rows(cfg: RunConfig, module: str) -> None:
+    """Refuse a local .jsonl training split with fewer usable rows than one step draws (GRPO) or
+    than one batch (SFT): the ranks would find out only after loading the models."""
+    from rlft.data import load_gsm8k
+
+    d = cfg.data
+    source = Path(d.source).expanduser()
+    split_file = source / f"{d.train_split}.jsonl" if source.is_dir() else source
+    if split_file.suffix != ".jsonl" or not split_file.is_file():
+        return  # generated problems, parquet, the hub: the ranks count them
+    loaded = load_gsm8k(str(split_file), d.train_split)
+    skipped = ", ".join(f"{k}={v}" for k, v in sorted(loaded.skipped.items()))
+    where = f"{d.source} [{d.train_split}]{f' (skipped: {skipped})' if skipped else ''}"
+    grpo = module == "rlft.train_grpo"
+    size = d.train_size if grpo else cfg.sft.train_size
+    rows = len(loaded.examples) if size is None else min(size, len(loaded.examples))
+    if not rows:
+        raise ConfigError(f"data.source: no usable training rows in {where}: rows need a question and an answer "
+                          f"ending in '#### <number>'")
+    if grpo and rows < cfg.optim.rollout_batch_size // cfg.grpo.group_size:
+        raise ConfigError(
+            f"data.train_size: {rows} usable training rows in {where}, but every step draws "
+            f"optim.rollout_batch_size / grpo.group_size = {cfg.optim.rollout_batch_size // cfg.grpo.group_size} "
+            f"prompts; raise data.train_size or lower optim.rollout_batch_size")
 
 
 def check_grpo_can_learn(cfg: RunConfig) -> None:
@@ -57,13 +167,19 @@ def preflight(cfg: RunConfig, module: str | None) -> None:
     of the trainer's own)."""
     if cfg.output.init_checkpoint is None:
         check_model_path(cfg.model.path)
-    # (output.init_checkpoint is checked by the trainer, with how to make one.)
+    if module is None:
+        return
+    if cfg.output.init_checkpoint is not None:
+        check_init_checkpoint(cfg.output.init_checkpoint)
+    elif looks_like_hub_id(cfg.model.path) and not Path(cfg.model.path).expanduser().exists():
+        check_hub_model(cfg.model.path, "model.path")
+    check_chat_template(cfg)
     if module == "rlft.train_grpo":
         check_grpo_can_learn(cfg)
-    if module is not None:
-        from rlft.runtime.checkpoint import resume_point
-        from rlft.runtime.outdir_lock import OutputDirLock
+    check_training_rows(cfg, module)
+    from rlft.runtime.checkpoint import resume_point
+    from rlft.runtime.outdir_lock import OutputDirLock
 
-        OutputDirLock(cfg.output.dir).check_free()  # a running launch holds it (rank 0 checks again)
+    OutputDirLock(cfg.output.dir).check_free()  # a running launch holds it (rank 0 checks again)
 
-        resume_point(cfg)  # resume=never on a used directory, a checkpoint of other settings or layout
+    resume_point(cfg)  # resume=never on a used directory, a checkpoint of other settings or layout
