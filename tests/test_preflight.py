@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -194,12 +193,11 @@ def test_a_hub_id_the_hub_does_not_know_or_cannot_be_reached(tmp_path, capsys, h
 def test_train_sh_refuses_an_unreachable_hub_id_at_once(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hub"))
-    start = time.monotonic()
     res = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(TINY), f"output.dir={out}",
                           f"data.source={GSM8K}", "model.path=org/doesnotexist"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    took = time.monotonic() - start
     assert res.returncode == 2, res.stderr
+    # One line: no rank started (the launch would announce its ranks first), and nothing was written.
     (line,) = res.stderr.splitlines()
     assert line.startswith("rlft: config error: model.path: org/doesnotexist is not in the local Hugging Face cache")
-    assert not out.exists() and took < 30, took
+    assert not out.exists()

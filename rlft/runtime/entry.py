@@ -6,7 +6,7 @@ from pathlib import Path
 from rlft.common import log
 from rlft.config import config_warnings, save_config
 from rlft.models import load_tokenizer, resolve_model_path
-from rlft.preflight import check_init_checkpoint  # noqa: F401 - the trainers check it on every rank too
+from rlft.start_model import check_init_checkpoint  # noqa: F401 - the trainers check it on every rank too
 from rlft.runtime.checkpoint import finished_model
 from rlft.runtime.context import RankContext
 
