@@ -14,7 +14,7 @@ The prompt and the answer format are the training run's: ``--config run.yaml`` t
 ``data.prompt_template`` / ``system_prompt`` / ``prompt_messages``, ``reward.answer_format`` and its
 ``sampling.repetition_penalty`` / ``min_tokens``
 (e.g. ``launch/configs/grpo_instruct_1gpu.yaml``: the model's chat template, answers in
-``\boxed{}``); ``--prompt-template`` and ``--answer-format`` override them (default: the R1-Zero
+``\\boxed{}``); ``--prompt-template`` and ``--answer-format`` override them (default: the R1-Zero
 text prompt and tags). Sampling follows the training configuration's defaults
 (``rlft.config.SamplingConfig``: the answer format's stop strings, kept in the output, repetition
 penalty 1.1, at least 4 tokens); ``--temperature`` (greedy by default), ``--top-p`` and
