@@ -144,7 +144,24 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_output_and_data(cfg)
     _check_sft(cfg.sft)
     _check_batch_split(cfg.topology, cfg.optim)
+    _check_reporting(cfg.reporting)
     return cfg
+
+
+def _check_reporting(r) -> None:
+    import importlib.util
+
+    for name in r.trackers:
+        _require(name in schema.TRACKER_PACKAGES,
+                 f"reporting.trackers: unknown tracker {name!r}: use any of {', '.join(schema.TRACKER_PACKAGES)}")
+        package = schema.TRACKER_PACKAGES[name]
+        _require(importlib.util.find_spec(package) is not None,
+                 f"reporting.trackers: {name} needs the package {package}, which is not installed: "
+                 f"pip install {package} (or leave {name} out)")
+    _require(len(set(r.trackers)) == len(r.trackers), f"reporting.trackers: {r.trackers} names a tracker twice")
+    _require(r.wandb_mode in ("offline", "online"),
+             f"reporting.wandb_mode: must be offline or online, got {r.wandb_mode!r}")
+    _require(bool(r.project), "reporting.project: must not be empty")
 
 
 def _check_model(m: schema.ModelConfig) -> None:

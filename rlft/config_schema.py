@@ -306,6 +306,21 @@ class SFTConfig:
     end_with_eos: bool = True
 
 
+# reporting.trackers' choices and the package each needs (rlft/runtime/trackers.py).
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+@dataclass
+class ReportingConfig:
+    # Where scalars and sample texts go besides OUT/steps.jsonl (rlft/runtime/trackers.py): any of
+    # tensorboard, wandb, mlflow.
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    project: str = "rlft"  # the W&B project / MLflow experiment
+    run_name: str | None = None  # None = the output directory's name
+    wandb_mode: str = "offline"  # offline: OUT/wandb (`wandb sync` uploads it) | online
+    mlflow_tracking_uri: str | None = None  # None = a local file store, OUT/mlruns
+
+
 @dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -318,6 +333,7 @@ class RunConfig:
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    reporting: ReportingConfig = field(default_factory=ReportingConfig)
     seed: int = 0
     device: str = "auto"  # auto | cuda | cpu
     # The policy's DeepSpeed JSON (null = ds_configs/pipeline_bf16.json or pipeline_fp32.json by dtype);
