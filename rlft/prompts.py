@@ -61,6 +61,16 @@ DEFAULT_PROMPT_TEMPLATE = "r1_zero"
 
 
 CHAT = "chat"  # data.prompt_template: render with the tokenizer's chat template
+# The roles every chat template renders; others (``wizard``, ``User``, ``human``, ``"user "``) are
+# left out by some (Qwen2.5's), and the question with them.
+CHAT_ROLES = ("system", "user", "assistant")
+# A ``{name}`` that nothing fills in would stay in the prompt literally; ``\\boxed{x}`` is no placeholder.
+_PLACEHOLDER = re.compile(r"(?<![\\\w])\{([A-Za-z_]\w*)\}")
+
+
+def unknown_placeholders(text: str, known: tuple[str, ...]) -> list[str]:
+    """The ``{name}`` placeholders in ``text`` other than ``known`` ones, as written."""
+    return ["{" + name + "}" for name in _PLACEHOLDER.findall(text) if name not in known]
 
 
 def get_template(template: str) -> str:
@@ -73,6 +83,10 @@ def get_template(template: str) -> str:
     if template in PROMPT_TEMPLATES:
         return PROMPT_TEMPLATES[template]
     if isinstance(template, str) and "{question}" in template:
+        unknown = unknown_placeholders(template, ("question",))
+        if unknown:
+            raise ValueError(f"the template's placeholder {unknown[0]} is filled in by nothing and would stay in "
+                             "every prompt as written: only {question} is filled in")
         return template
     raise ValueError(
         f"unknown prompt template {template!r}: use one of {sorted(PROMPT_TEMPLATES) + [CHAT]} "
@@ -105,14 +119,41 @@ class Prompt:
         if self.messages is not None:
             if not self.messages or not any("{question}" in content for _, content in self.messages):
                 raise ValueError("the chat messages must be non-empty and one must contain '{question}'")
+            for i, (role, content) in enumerate(self.messages):
+                if role not in CHAT_ROLES:
+                    raise ValueError(f"message {i + 1} has the role {role!r}, which chat templates need not render "
+                                     f"(Qwen2.5's leaves it out, and its content with it): use one of "
+                                     f"{', '.join(CHAT_ROLES)}")
+                unknown = unknown_placeholders(content, ("question", "instruction"))
+                if unknown:
+                    raise ValueError(f"message {i + 1} has the placeholder {unknown[0]}, which is filled in by "
+                                     "nothing and would stay in every prompt as written: only {question} and "
+                                     "{instruction} are filled in")
         elif self.template != CHAT:
             get_template(self.template)
 
     def check_tokenizer(self, tokenizer, model: str = "the model") -> None:
-        """ValueError (one line) when a chat prompt meets a tokenizer without a chat template."""
-        if self.is_chat and not getattr(tokenizer, "chat_template", None):
+        """ValueError (one line) when a chat prompt meets a tokenizer without a chat template, or
+        one whose template refuses the messages or renders them without the question."""
+        if not self.is_chat:
+            return
+        if not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"a chat prompt needs a tokenizer with a chat template, and {model}'s tokenizer has "
                              "none: use a text template (e.g. data.prompt_template=r1_zero) for a base model")
+        self._render_chat("How many legs do 3 spiders have?", tokenizer, model)
+
+    def _render_chat(self, question: str, tokenizer, model: str = "the model") -> str:
+        messages = self.chat_messages(question)
+        try:
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # noqa: BLE001 - jinja2's TemplateError, or what the template raises
+            raise ValueError(f"{model}'s chat template refuses the messages (roles "
+                             f"{', '.join(m['role'] for m in messages)}): {' '.join(str(e).split())}") from None
+        if question.strip() not in text:
+            raise ValueError(f"{model}'s chat template renders the messages (roles "
+                             f"{', '.join(m['role'] for m in messages)}) without the question: put {{question}} "
+                             f"in a user message")
+        return text
 
     def chat_messages(self, question: str) -> list[dict[str, str]]:
         instruction = get_answer_format(self.answer_format).instruction
@@ -128,9 +169,9 @@ class Prompt:
             return get_template(self.template).replace("{question}", question)
         if tokenizer is None:
             raise ValueError("a chat prompt is rendered by the model's tokenizer; none was given")
-        self.check_tokenizer(tokenizer)
-        return tokenizer.apply_chat_template(self.chat_messages(question), tokenize=False,
-                                             add_generation_prompt=True)
+        if not getattr(tokenizer, "chat_template", None):
+            self.check_tokenizer(tokenizer)
+        return self._render_chat(question, tokenizer)
 
     def encode(self, questions: list[str], tokenizer) -> list[list[int]]:
         """Prompt token ids, one list per question, as the engines receive them: a text prompt with the

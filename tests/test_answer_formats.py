@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlft.config import load_config
+from rlft.config import ConfigError, load_config
 from rlft.reward.formats import ANSWER_FORMATS, get_answer_format
 from rlft.reward.functions import make_reward_fn
 from rlft.reward.grader import Grader
@@ -131,3 +131,31 @@ def test_one_gpu_memory_split_is_checked_with_the_numbers():
     hf = load_config(None, ["sampling.backend=hf"])
     assert check_shared_gpu(hf, model_path="unused", device=torch.device("cuda"), policy_dtype=torch.bfloat16,
                             reference_here=True) is None
+
+
+@pytest.mark.parametrize("overrides,stop", [
+    (["sampling.stop=[\"<answer>\"]"], "<answer>"),
+    (["reward.answer_format=gsm8k", "sampling.stop=[\"####\"]"], "####"),
+    (["reward.answer_format=boxed", "sampling.stop=[\"\\\\boxed\"]"], "\\boxed"),
+    (["reward.answer_format=gsm8k", "sampling.stop=[\"\\n\"]"], "\n"),  # the reasoning's first line break
+    (["data.prompt_template=chat", "sampling.stop=[\"<think>\"]"], "<think>"),  # a chat response opens its <think>
+])
+def test_a_stop_that_cuts_the_formats_answer_is_refused(overrides, stop):
+    # Each gave a format reward of 0 on every step, without a word.
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    message = str(e.value)
+    assert message.startswith(f"sampling.stop: {stop!r} cuts every ") and "so no response would earn a reward" in message
+    assert "\n" not in message
+
+
+def test_stops_after_the_answer_pass():
+    assert load_config(None, ["sampling.stop=[\"</answer>\"]"]).sampling.stop == ["</answer>"]
+    assert load_config(None, ["sampling.stop=[\"<think>\"]"]).sampling.stop == ["<think>"]  # the prompt opened it
+    assert load_config(None, ["reward.answer_format=gsm8k", "sampling.stop=[\"\\n\\n\\n\"]"]).sampling.stop == ["\n\n\n"]
+
+
+def test_an_empty_stop_string_is_refused_by_the_config():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["sampling.stop=[\"\"]"])
+    assert str(e.value) == "sampling.stop: '' is no stop string (an empty one would stop every response at once); leave it out"

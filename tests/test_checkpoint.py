@@ -249,3 +249,43 @@ def test_lora_settings_that_leave_the_saved_state_as_it_is_may_change(tmp_path):
     # Without LoRA, its (unused) shape settings may change.
     out, ck = lora_checkpoint(tmp_path / "full")
     assert resume_rules.resume_point(build_config({}, [*ALONE, f"output.dir={out}", "model.lora.rank=8"])) == (ck, False)
+
+
+# ---------------------------------------------------------------- the end of a run
+
+
+def test_a_full_disk_at_the_final_export_names_the_model_not_the_published_checkpoint(tmp_path, monkeypatch):
+    ctx = context(tmp_path, None)
+
+    def disk_full(src, dst):
+        Path(dst).mkdir()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.shutil, "copytree", disk_full)
+    with pytest.raises(CheckpointError) as e:
+        save_checkpoint(ctx, 2, final=True)
+    out = tmp_path / "out"
+    assert str(e.value).startswith(f"could not export the final model {out / 'model'}: no space left on the device (")
+    assert str(e.value).endswith(f"; checkpoint {out / 'checkpoints' / 'step_000002'} was saved intact, and launching "
+                                 f"again exports it")
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints"]  # no OUT/model, no .model.tmp
+    assert (out / "checkpoints" / "step_000002" / checkpoint.STATE_FILE).is_file()
+
+
+@pytest.mark.parametrize("save_at_end,saved", [(True, ["step_000002", "step_000003"]), (False, ["step_000002"])])
+def test_save_at_end_false_keeps_the_periodic_checkpoint_of_the_last_step(tmp_path, save_at_end, saved):
+    from rlft.runtime.loop import run_steps
+
+    ctx = context(tmp_path, None)
+    ctx.cfg = build_config({}, [*ALONE, f"output.dir={tmp_path / 'out'}", "schedule.steps=3", "schedule.save_every=2",
+                                f"output.save_at_end={str(save_at_end).lower()}", "output.keep_checkpoints=0"])
+    steps = []
+    assert run_steps(ctx, lambda c, step, last: steps.append(step) or {}, 0, desc="t", final_eval=lambda c, s: {}) == 3
+    assert steps == [1, 2, 3]
+    assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == saved
+    # The last step is a multiple of schedule.save_every: it keeps that checkpoint either way.
+    ctx.cfg = build_config({}, [*ALONE, f"output.dir={tmp_path / 'out2'}", "schedule.steps=2", "schedule.save_every=2",
+                                f"output.save_at_end={str(save_at_end).lower()}"])
+    run_steps(ctx, lambda c, step, last: {}, 0, desc="t", final_eval=lambda c, s: {})
+    assert sorted(p.name for p in (tmp_path / "out2" / "checkpoints").iterdir()) == ["step_000002"]
+    assert (tmp_path / "out2" / "model").is_dir() == save_at_end

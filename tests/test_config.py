@@ -94,7 +94,7 @@ sampling:
     cfg = load_config(path, [
         "optim.lr=2e-6",
         "optim.betas=[0.8,0.9]",
-        'sampling.stop=["</answer>", "</think>"]',
+        'sampling.stop=["</answer>", "<|endoftext|>"]',
         "sampling.vllm.enforce_eager=true",
         "grpo.cliprange_high=null",
         "schedule.steps=5",
@@ -103,7 +103,7 @@ sampling:
     # Overrides win over the file ...
     assert cfg.optim.lr == 2e-6 and type(cfg.optim.lr) is float
     assert cfg.optim.betas == [0.8, 0.9]
-    assert cfg.sampling.stop == ["</answer>", "</think>"]
+    assert cfg.sampling.stop == ["</answer>", "<|endoftext|>"]
     assert cfg.sampling.vllm.enforce_eager is True
     assert cfg.grpo.cliprange_high is None
     assert cfg.schedule.steps == 7

@@ -136,6 +136,51 @@ def test_no_free_credit(answer, ground_truth, fast):
     assert r1_zero_reward_fn(respond(answer), ground_truth, fast=fast) == WRONG
 
 
+# Edges of the number forms: the length cap counts the answer without the spaces around it; spaces
+# may group thousands; "~" before the number is "about" (after it, LaTeX's unbreakable space); a box
+# followed by a brace it never opened is no answer.  Each of the first list was refused and each of
+# the second credited before.
+EDGES_CREDITED = [
+    ("18" + " " * 1001, "18"),
+    (" " * 1001 + "18" + "\n" * 1001, "18"),
+    ("1 000", "1000"),
+    ("1 000 000", "1000000"),
+    ("$12 345.50", "12345.5"),
+    ("1\u202f000", "1000"),  # a narrow no-break space
+    ("\\boxed{1 000}", "1000"),
+    ("$18~\\text{cm}$", "18"),
+]
+EDGES_REFUSED = [
+    ("~18", "18"),
+    ("~ 18", "18"),
+    ("\\boxed{~18}", "18"),
+    ("$\\sim 18$", "18"),
+    ("about 18", "18"),
+    ("\\boxed{18}}", "18"),
+    ("The answer is \\boxed{18}}.", "18"),
+    ("1 00", "100"),  # no thousands grouping
+    ("1 000/2", "500"),  # a grouped numerator is no fraction
+    ("18" + "\\," * 500, "18"),  # 1002 characters of answer: over the cap
+]
+
+
+@pytest.mark.parametrize("answer,ground_truth", EDGES_CREDITED)
+def test_number_form_edges_that_are_the_answer(answer, ground_truth):
+    assert r1_zero_reward_fn(respond(answer), ground_truth) == RIGHT
+
+
+@pytest.mark.parametrize("answer,ground_truth", EDGES_REFUSED)
+@pytest.mark.parametrize("fast", [True, False])
+def test_number_form_edges_that_are_not(answer, ground_truth, fast):
+    assert r1_zero_reward_fn(respond(answer), ground_truth, fast=fast) == WRONG
+
+
+def test_the_answer_cap_is_the_same_in_every_format():
+    padded = "18" + " " * 1001
+    assert [grade_batch([response], ["18"], answer_format=fmt)[0] for fmt, response in (
+        ("r1_tags", respond(padded)), ("boxed", f"So \\boxed{{{padded}}}"), ("gsm8k", f"#### {padded}"))] == [RIGHT] * 3
+
+
 # A number followed by a unit (with a power) is still the number; one candidate boxed twice is
 # one candidate.
 UNITS_AND_REPEATS = [

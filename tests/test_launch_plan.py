@@ -28,6 +28,17 @@ def plan_of(config: Path | None, *overrides: str, gpus: int = 8):
     return make_plan(load_config(config, list(overrides)), gpus)
 
 
+def local_model(tmp_path: Path) -> Path:
+    """A directory the launch's checks take for a model (config, weights file), made once beside
+    `tmp_path` (whose contents some tests list)."""
+    path = tmp_path.parent / f"{tmp_path.name}_model"
+    if not path.is_dir():
+        path.mkdir()
+        (path / "config.json").write_text('{"num_hidden_layers": 4}')
+        (path / "model.safetensors").write_bytes(b"")
+    return path
+
+
 def write_hostfile(tmp_path: Path, *lines: str) -> str:
     path = tmp_path / "hostfile"
     path.write_text("\n".join(lines) + "\n")
@@ -286,7 +297,7 @@ def test_runs_that_cannot_start_or_learn_are_refused_by_the_plan(tmp_path, capsy
 
     out = tmp_path / "out"
     args = ["--module", "rlft.train_grpo", "--config", str(TINY), f"output.dir={out}",
-            "model.path=HuggingFaceTB/SmolLM2-135M-Instruct", "data.source=tests/fixtures/gsm8k"]
+            f"model.path={local_model(tmp_path)}", "data.source=tests/fixtures/gsm8k"]
     with pytest.raises(SystemExit) as info:
         main(args + [o.format(tmp=tmp_path) for o in overrides])
     assert info.value.code == 2
@@ -297,7 +308,7 @@ def test_runs_that_cannot_start_or_learn_are_refused_by_the_plan(tmp_path, capsy
 def test_the_plan_accepts_what_can_learn(tmp_path, capsys):
     from rlft.config.launch_plan import main
 
-    base = ["--config", str(TINY), f"output.dir={tmp_path}", "model.path=HuggingFaceTB/SmolLM2-135M-Instruct"]
+    base = ["--config", str(TINY), f"output.dir={tmp_path}", f"model.path={local_model(tmp_path)}"]
     main(["--module", "rlft.train_grpo", *base, "grpo.group_size=1", "grpo.loss_type=no_baseline",
           "optim.rollout_batch_size=2", "data.train_size=2"])
     main(["--module", "rlft.train_sft", *base, "grpo.group_size=1"])  # SFT samples no groups
@@ -307,7 +318,7 @@ def test_the_plan_accepts_what_can_learn(tmp_path, capsys):
 def test_train_sh_refuses_before_any_rank_starts(tmp_path):
     out = tmp_path / "out"
     res = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(TINY), f"output.dir={out}",
-                          "model.path=HuggingFaceTB/SmolLM2-135M-Instruct", "grpo.group_size=1"],
+                          f"model.path={local_model(tmp_path)}", "grpo.group_size=1"],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2
     (line,) = res.stderr.splitlines()
@@ -323,7 +334,7 @@ def test_the_plan_refuses_a_fresh_run_in_a_used_directory(tmp_path, capsys):
     (ck / "trainer_state.json").write_text('{"step": 6}')
     with pytest.raises(SystemExit) as info:
         main(["--module", "rlft.train_grpo", "--config", str(TINY), f"output.dir={tmp_path}",
-              "model.path=HuggingFaceTB/SmolLM2-135M-Instruct", "output.resume=never"])
+              f"model.path={local_model(tmp_path)}", "output.resume=never"])
     assert info.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"rlft: config error: output.resume: never starts a fresh run, but output.dir {tmp_path} "

@@ -217,6 +217,11 @@ def test_lora_settings_are_checked():
                             ("model.lora.target_modules=[]", "model.lora.target_modules")):
         with pytest.raises(ConfigError, match=words):
             build_config({}, [override])
+    # A name that matches nothing was left out without a word: q_proj alone was adapted.
+    with pytest.raises(ConfigError) as e:
+        build_config({"model": {"lora": {"enabled": True, "target_modules": ["q_proj", "v_prj"]}}})
+    assert str(e.value) == ("model.lora.target_modules: 'v_prj' names no linear layer of a decoder layer (llama, "
+                            "mistral, qwen2, qwen3 have q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)")
 
 
 def test_one_gpu_memory_plan_counts_frozen_base_weights_and_adapters(tmp_path):

@@ -2,6 +2,7 @@
 update (every policy rank together) and says so."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -69,6 +70,13 @@ def test_every_policy_rank_skips_together():
 # One DeepSpeed engine (ZeRO-1, bf16, as the GPU template) whose own overflow check is off, as it
 # is in DeepSpeed versions before bf16.check_grad_overflow: a NaN gradient reaches the weights with
 # a plain AdamW; with the policy's optimizer it is skipped.
+#
+# The child prints its results, then leaves its process groups before exiting.  A gloo worker
+# thread (`pt_gloo_runloop`, ProcessGroupGloo::runLoop) that destroys a finished collective after
+# the interpreter began to shut down releases the last reference to a Python tensor: it must take
+# the GIL, Python 3.11 ends such a thread with pthread_exit, and its unwinding through a noexcept
+# destructor aborts the process ("terminate called without an active exception", rc -6), after the
+# results were printed.  What the test checks is those results, not how the interpreter exits.
 _ZERO_BF16_CHECK = """
 import os, torch, deepspeed
 from rlft.common import free_port
@@ -85,11 +93,22 @@ for cls in (torch.optim.AdamW, GuardedAdamW):
         "zero_allow_untested_optimizer": True})
     engine.backward(engine(torch.ones(1, 4, dtype=torch.bfloat16)).sum() * float("nan"))
     engine.step()
-    print("RESULT", cls.__name__, bool(torch.isfinite(engine.module.weight.float()).all()), getattr(opt, "skipped", None))
+    print("RESULT", cls.__name__, bool(torch.isfinite(engine.module.weight.float()).all()), getattr(opt, "skipped", None),
+          flush=True)
+torch.distributed.destroy_process_group()
 """
 
 
-def test_deepspeed_zero_bf16_without_its_overflow_check_keeps_the_weights_finite(tmp_path):
+def child_results(proc) -> list[list[str]]:
+    """The words after `RESULT` on each such line a child printed.  A child that printed none
+    failed before its checks ended: that is a failure, shown with its exit status and stderr.  How
+    it exited after printing them is not what the test checks."""
+    results = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("RESULT")]
+    assert results, f"the child printed no result (exit status {proc.returncode}):\n{proc.stderr[-3000:]}"
+    return results
+
+
+def _python(code: str, cwd, **env):
     import os
     import subprocess
     import sys
@@ -97,12 +116,30 @@ def test_deepspeed_zero_bf16_without_its_overflow_check_keeps_the_weights_finite
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(repo))
-    proc = subprocess.run([sys.executable, "-c", _ZERO_BF16_CHECK], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("RESULT")]
-    assert results == [["AdamW", "False", "None"], ["GuardedAdamW", "True", "1"]]
+    env = dict(os.environ, PYTHONPATH=str(repo), **env)
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_child_is_judged_by_its_results_not_by_its_exit(tmp_path):
+    # A gloo collective still finishing while the interpreter shuts down: its worker thread aborts
+    # the process after the result was printed (the exit status is -6 on most runs, 0 on others).
+    late = ("import os, torch, torch.distributed as dist\n"
+            "from rlft.common import free_port\n"
+            "dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n"
+            "p = torch.nn.Parameter(torch.ones(30_000_000))\n"
+            "work = dist.all_reduce(p, async_op=True)\n"
+            "del p, work\n"
+            "print('RESULT all-reduced', flush=True)\n")
+    assert child_results(_python(late, tmp_path)) == [["all-reduced"]]
+    aborted = _python("import os; print('RESULT 1', flush=True); os.abort()", tmp_path)
+    assert aborted.returncode == -6 and child_results(aborted) == [["1"]]
+    with pytest.raises(AssertionError, match=r"printed no result \(exit status -6\)"):
+        child_results(_python("import os; os.abort()", tmp_path))
+
+
+def test_deepspeed_zero_bf16_without_its_overflow_check_keeps_the_weights_finite(tmp_path):
+    proc = _python(_ZERO_BF16_CHECK, tmp_path, DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="")
+    assert child_results(proc) == [["AdamW", "False", "None"], ["GuardedAdamW", "True", "1"]]
 
 
 # --------------------------------------------------------------------------- updates that are not sane

@@ -105,3 +105,64 @@ def test_sft_data_with_a_chat_prompt(qwen):
     data = build_sft_data([Example(index=0, question=QUESTION, ground_truth="7", source="test", solution=SOLUTION)], qwen,
                           template=Prompt("chat", answer_format="boxed"), max_seq_len=512)
     assert data.prompts[0].endswith("<|im_start|>assistant\n") and data.targets[0].endswith("\\boxed{7}$.")
+
+
+# --------------------------------------------------------------------------- prompts that lose the question
+
+@pytest.mark.parametrize("role", ["wizard", "User", "human", "user "])
+def test_a_role_chat_templates_need_not_render_is_refused(tmp_path, qwen, role):
+    # Qwen2.5's template leaves such a message out: every prompt was "<|im_start|>assistant\n".
+    assert qwen.apply_chat_template([{"role": role, "content": QUESTION}], tokenize=False,
+                                    add_generation_prompt=True).endswith("<|im_start|>assistant\n")
+    cfg_path = tmp_path / "run.yaml"
+    cfg_path.write_text(f"data:\n  prompt_messages: [{{role: '{role}', content: '{{question}}'}}]\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg_path)
+    assert str(e.value) == (f"data.prompt_messages: message 1 has the role {role!r}, which chat templates need not "
+                            f"render (Qwen2.5's leaves it out, and its content with it): use one of system, user, "
+                            f"assistant")
+
+
+def test_the_first_render_refuses_a_prompt_without_the_question(qwen):
+    # Past the config's checks (a Prompt made by hand): the tokenizer's template is what decides.
+    lost = Prompt(messages=(("wizard", "{question}"),))
+    with pytest.raises(ValueError) as e:
+        lost.render(QUESTION, qwen)
+    assert str(e.value) == ("the model's chat template renders the messages (roles wizard) without the question: put "
+                            "{question} in a user message")
+    with pytest.raises(ValueError, match=r"^Qwen's chat template renders the messages \(roles wizard\) without"):
+        lost.check_tokenizer(qwen, "Qwen")
+    Prompt(messages=(("user", "{question}"),)).check_tokenizer(qwen, "Qwen")
+
+
+def test_a_chat_template_that_refuses_the_messages_is_one_line(qwen):
+    from transformers import AutoTokenizer
+
+    strict = AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
+    strict.chat_template = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not "
+                            "supported') }}{% endif %}{{ m.content }}{% endfor %}")
+    with pytest.raises(ValueError) as e:
+        Prompt("chat", system="Be brief.").check_tokenizer(strict, "gemma")
+    assert str(e.value) == "gemma's chat template refuses the messages (roles system, user): System role not supported"
+
+
+@pytest.mark.parametrize("key,value,error", [
+    ("prompt_messages", "[{role: user, content: '{question} {foo}'}]",
+     "data.prompt_messages: message 1 has the placeholder {foo}, which is filled in by nothing and would stay in "
+     "every prompt as written: only {question} and {instruction} are filled in"),
+    ("prompt_template", "'Q: {question} {answer_hint}'",
+     "data.prompt_template: the template's placeholder {answer_hint} is filled in by nothing and would stay in every "
+     "prompt as written: only {question} is filled in"),
+])
+def test_a_placeholder_nothing_fills_in_is_refused(tmp_path, key, value, error):
+    cfg_path = tmp_path / "run.yaml"
+    cfg_path.write_text(f"data:\n  {key}: {value}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg_path)
+    assert str(e.value) == error
+
+
+def test_latex_braces_are_no_placeholder(tmp_path, qwen):
+    cfg_path = tmp_path / "run.yaml"
+    cfg_path.write_text("data:\n  prompt_messages: [{role: user, content: '{question} Answer as \\boxed{N}.'}]\n")
+    assert prompt_of(load_config(cfg_path)).render("2+2?", qwen).startswith("<|im_start|>user\n2+2? Answer as \\boxed{N}.")

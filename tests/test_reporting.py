@@ -78,3 +78,119 @@ def test_a_second_record_of_a_step_merges_into_its_line(tmp_path, reopen):
     assert [r["step"] for r in records] == [1, 2, 3]
     assert records[1]["loss"] == 2.0 and records[1]["eval/accuracy"] == 0.25
     assert read_records(tmp_path / "steps.jsonl") == records
+
+
+# ---------------------------------------------------------------- trackers: TensorBoard, W&B, MLflow
+
+STEPS = {1: {"loss": 1.0, "reward/mean": 0.25, "tokens/total": 640}, 2: {"loss": 0.5, "reward/mean": 0.5,
+         "tokens/total": 700}, 3: {"loss": 0.25, "reward/mean": 0.75, "tokens/total": 512, "eval/accuracy": 0.4}}
+
+
+def tensorboard_scalars(out) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "tensorboard"))
+    acc.Reload()
+    return {tag: [(e.step, pytest.approx(e.value)) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def wandb_records(path):
+    """The records of a W&B run file (`run-ID.wandb`): a 7-byte header, then LevelDB-log records in
+    32 KiB blocks (7-byte record headers: checksum, length, type; FULL=1, FIRST=2, MIDDLE=3, LAST=4)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, pending = 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # too little room for a header: the block's padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def wandb_scalars(out) -> tuple[set[str], dict[str, list[tuple[int, float]]]]:
+    """(the run ids, key -> [(step, value)]) of every offline W&B run under OUT/wandb."""
+    ids, found = set(), {}
+    for path in sorted((out / "wandb").glob("offline-run-*/run-*.wandb")):
+        ids.add(path.stem.removeprefix("run-"))
+        for record in wandb_records(path):
+            if record.WhichOneof("record_type") != "history":
+                continue
+            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            media = {key.rpartition("/")[0] for key in row if key.endswith("/_type")}  # the sample texts' parts
+            for key, value in row.items():
+                if key.rpartition("/")[0] in media or key.startswith("_") or key == "step":
+                    continue
+                if isinstance(value, (int, float)):
+                    found.setdefault(key, []).append((row["step"], pytest.approx(value)))
+    return ids, found
+
+
+def log_steps(out, trackers, steps, resume_step=0):
+    from rlft.config.schema import ReportingConfig
+
+    tracker = Tracker(out, resume_step=resume_step, settings=ReportingConfig(trackers=trackers))
+    for step in steps:
+        tracker.scalars(step, {**STEPS[step], "note": "not a number"})
+        tracker.record(step, STEPS[step])
+    tracker.text("samples", steps[-1], "**reward 1** <answer> 18 </answer>")
+    tracker.close()
+
+
+def test_weights_and_biases_offline_gets_the_same_scalars_as_tensorboard(tmp_path):
+    pytest.importorskip("wandb")
+    log_steps(tmp_path, ["tensorboard", "wandb"], [1, 2, 3])
+    expected = {"loss": [(1, 1.0), (2, 0.5), (3, 0.25)], "reward/mean": [(1, 0.25), (2, 0.5), (3, 0.75)],
+                "tokens/total": [(1, 640), (2, 700), (3, 512)], "eval/accuracy": [(3, 0.4)]}
+    assert tensorboard_scalars(tmp_path) == expected
+    ids, scalars = wandb_scalars(tmp_path)
+    assert scalars == expected and len(ids) == 1
+    # A run continued from step 2's checkpoint goes on with the same W&B run.
+    log_steps(tmp_path, ["tensorboard", "wandb"], [3], resume_step=2)
+    assert wandb_scalars(tmp_path)[0] == ids
+    assert tensorboard_scalars(tmp_path)["loss"] == [(1, 1.0), (2, 0.5), (3, 0.25)]
+
+
+def test_mlflow_to_a_local_file_store_gets_the_same_scalars_as_tensorboard(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    log_steps(tmp_path, ["tensorboard", "mlflow"], [1, 2, 3])
+    client = mlflow.MlflowClient(tracking_uri=(tmp_path / "mlruns").resolve().as_uri())
+    run_id = (tmp_path / ".mlflow_run_id").read_text().strip()
+    scalars = {key: [(m.step, pytest.approx(m.value)) for m in sorted(client.get_metric_history(run_id, key),
+                                                                       key=lambda m: m.step)]
+               for key in client.get_run(run_id).data.metrics}
+    assert scalars == tensorboard_scalars(tmp_path)
+
+
+def test_steps_jsonl_alone_when_no_tracker_is_asked_for(tmp_path):
+    log_steps(tmp_path, [], [1, 2])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.jsonl"]
+    assert [r["loss"] for r in strict_records(tmp_path / "steps.jsonl")] == [1.0, 0.5]
+
+
+def test_trackers_are_checked_with_the_config():
+    import importlib.util
+
+    from rlft.config import ConfigError, load_config
+
+    assert load_config(None).reporting.trackers == ["tensorboard"]
+    with pytest.raises(ConfigError, match=r"^reporting.trackers: unknown tracker 'comet': use any of tensorboard, "
+                                          r"wandb, mlflow$"):
+        load_config(None, ["reporting.trackers=[comet]"])
+    with pytest.raises(ConfigError, match=r"^reporting.wandb_mode: must be offline or online, got 'cloud'$"):
+        load_config(None, ["reporting.wandb_mode=cloud"])
+    for name in ("wandb", "mlflow"):
+        if importlib.util.find_spec(name) is None:  # a tracker whose package is missing is named, not a traceback
+            with pytest.raises(ConfigError, match=rf"^reporting.trackers: {name} needs the package {name}, which is "
+                                                  rf"not installed: pip install {name} \(or leave {name} out\)$"):
+                load_config(None, [f"reporting.trackers=[tensorboard, {name}]"])
+        else:
+            assert load_config(None, [f"reporting.trackers=[tensorboard, {name}]"]).reporting.trackers[1] == name

@@ -171,7 +171,15 @@ def test_check_init_checkpoint(tmp_path, monkeypatch, tiny_model):
     monkeypatch.chdir(tmp_path)
     check_init_checkpoint(None)
     check_init_checkpoint(tiny_model)
-    check_init_checkpoint("Qwen/Qwen2.5-Math-1.5B")  # a hub id: checked when it is downloaded
+    # A hub id: taken from the local cache when it is there; offline and not cached, refused at once.
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match=r"^output.init_checkpoint: Qwen/Qwen2.5-Math-1.5B is not in the local"):
+        check_init_checkpoint("Qwen/Qwen2.5-Math-1.5B")
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen2.5-Math-1.5B" / "snapshots" / "0123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    check_init_checkpoint("Qwen/Qwen2.5-Math-1.5B")
     with pytest.raises(ConfigError) as e:
         check_init_checkpoint("runs/sft/model")
     msg = str(e.value)

@@ -121,6 +121,23 @@ def _check_prompt(cfg: RunConfig) -> None:
         raise ConfigError(f"data.{'prompt_messages' if messages is not None else 'prompt_template'}: {e}") from None
     if cfg.sampling.stop is None:  # resolved here, so the saved config names the strings used
         cfg.sampling.stop = list(fmt.stop)
+    _check_stops(cfg.sampling.stop, fmt, prompt_of(cfg).continues_think)
+
+
+def _check_stops(stops: list[str], fmt, continues_think: bool) -> None:
+    """A stop string must not cut a well-formed answer of the format before its end (the sampler
+    stops at its first occurrence): `<answer>` under r1_tags, `####` under gsm8k, `\\boxed` under
+    boxed would leave every response without its answer, and every reward at 0."""
+    # The format's answer contract, with a reasoning no stop string holds and the answer 18.
+    contract = fmt.sft_target("\x00", "18", continues_think)
+    for stop in stops:
+        _require(isinstance(stop, str) and stop != "", f"sampling.stop: {stop!r} is no stop string (an empty one would "
+                                                       f"stop every response at once); leave it out")
+        cut = contract.find(stop)
+        _require(cut < 0 or cut + len(stop) == len(contract),
+                 f"sampling.stop: {stop!r} cuts every {fmt.name} answer before it ends (a well-formed one reads "
+                 f"{contract.replace(chr(0), '...').strip()!r}), so no response would earn a reward; leave it out (sampling.stop: null stops "
+                 f"{'after ' + ', '.join(map(repr, fmt.stop)) if fmt.stop else 'at the end-of-turn token'})")
 
 
 def validate(cfg: RunConfig) -> RunConfig:
@@ -136,7 +153,24 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_environment(cfg)
     _check_sft(cfg.sft)
     _check_batch_split(cfg.topology, cfg.optim)
+    _check_reporting(cfg.reporting)
     return cfg
+
+
+def _check_reporting(r) -> None:
+    import importlib.util
+
+    for name in r.trackers:
+        _require(name in schema.TRACKER_PACKAGES,
+                 f"reporting.trackers: unknown tracker {name!r}: use any of {', '.join(schema.TRACKER_PACKAGES)}")
+        package = schema.TRACKER_PACKAGES[name]
+        _require(importlib.util.find_spec(package) is not None,
+                 f"reporting.trackers: {name} needs the package {package}, which is not installed: "
+                 f"pip install {package} (or leave {name} out)")
+    _require(len(set(r.trackers)) == len(r.trackers), f"reporting.trackers: {r.trackers} names a tracker twice")
+    _require(r.wandb_mode in ("offline", "online"),
+             f"reporting.wandb_mode: must be offline or online, got {r.wandb_mode!r}")
+    _require(bool(r.project), "reporting.project: must not be empty")
 
 
 def _check_model(m: schema.ModelConfig) -> None:

@@ -1,21 +1,28 @@
 """What `launch/train.sh` and `launch/sft.sh` refuse before any rank starts.
 
-A run that cannot start (no starting model; an output directory a running launch holds; a
-checkpoint it cannot resume: another layout, other settings that cannot change on resume;
-`output.resume=never` in a directory another run has used) or cannot learn (a group of one under a loss that
-learns from differences within a group; fewer training rows than one step draws; a data file without
-the fields `data.fields` names) is refused here, by `rlft.config.launch_plan`, with one line and exit
-status 2: nothing is written and no rank starts.
-The ranks check the same again where only they can (rows dropped as unusable while loading).
+A run that cannot start (no starting model: a path that names none, a hub id neither cached nor
+to be had from the hub, an `output.init_checkpoint` not made yet; a chat prompt for a tokenizer
+without a chat template; an output directory a running launch holds; a checkpoint it cannot resume:
+another layout, other settings that cannot change on resume; `output.resume=never` in a directory
+another run has used) or cannot learn (a group of one under a loss that learns from differences
+within a group; fewer training rows than one step draws, in the config or in a local .jsonl; a data
+file without the fields `data.fields` names) is refused here, by `rlft.config.launch_plan`, with one
+line and exit status 2: nothing is written and no rank starts.  The ranks check the same again where
+only they can (rows dropped as unusable while loading, a chat template that renders the messages
+without the question).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rlft.common import looks_like_hub_id
 from rlft.config import ConfigError, RunConfig
 from rlft.grpo import POLICY_LOSSES
+from rlft.config.hub_cache import cached_snapshot, check_hub_model
 from rlft.models.loading import DEFAULT_MODEL, ModelPathError, check_model_dir, default_model_gguf
+from rlft.config.start_model import check_init_checkpoint
+
 
 
 def check_model_path(spec: str, key: str = "model.path") -> None:
@@ -36,6 +43,71 @@ def check_model_path(spec: str, key: str = "model.path") -> None:
                                  f"id like 'org/name', or {DEFAULT_MODEL!r})")
     except ModelPathError as e:
         raise ConfigError(f"{key}: {e}") from None
+
+
+def local_model_dir(spec: str) -> Path | None:
+    """The directory holding model `spec`'s files here (a local model, or a hub id's cached
+    snapshot), or None where only a rank can tell (a .gguf not converted yet)."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    return cached_snapshot(spec) if looks_like_hub_id(spec) else None
+
+
+def has_chat_template(model_dir: Path) -> bool | None:
+    """Whether the tokenizer files in `model_dir` carry a chat template (None: no tokenizer files)."""
+    if (model_dir / "chat_template.jinja").is_file() or (model_dir / "chat_template.json").is_file():
+        return True
+    config = model_dir / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    try:
+        return bool(json.loads(config.read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_chat_template(cfg: RunConfig) -> None:
+    """A chat prompt needs a tokenizer with a chat template: refuse a local one without."""
+    if cfg.data.prompt_template != "chat" and cfg.data.prompt_messages is None:
+        return
+    spec = cfg.output.init_checkpoint or cfg.model.path
+    model_dir = local_model_dir(spec)
+    if model_dir is not None and has_chat_template(model_dir) is False:
+        key = "data.prompt_messages" if cfg.data.prompt_messages is not None else "data.prompt_template"
+        raise ConfigError(f"{key}: a chat prompt needs a tokenizer with a chat template, and {spec}'s tokenizer has "
+                          "none: use a text template (e.g. data.prompt_template=r1_zero) for a base model")
+
+
+def check_training_rows(cfg: RunConfig, module: str) -> None:
+    """Refuse a local .jsonl training split with fewer usable rows than one step draws (GRPO) or
+    than one batch (SFT): the ranks would find out only after loading the models."""
+    from rlft.rows import load_split
+
+    d = cfg.data
+    source = Path(d.source).expanduser()
+    split_file = source / f"{d.train_split}.jsonl" if source.is_dir() else source
+    if split_file.suffix != ".jsonl" or not split_file.is_file():
+        return  # generated problems, parquet, the hub: the ranks count them
+    try:
+        loaded = load_split(d, d.train_split, size=None, seed=cfg.seed)
+    except ValueError:  # no usable row at all
+        loaded = None
+    examples = loaded.examples if loaded is not None else []
+    skipped = ", ".join(f"{k}={v}" for k, v in sorted(loaded.skipped.items())) if loaded is not None else ""
+    where = f"{d.source} [{d.train_split}]{f' (skipped: {skipped})' if skipped else ''}"
+    grpo = module == "rlft.train_grpo"
+    size = d.train_size if grpo else cfg.sft.train_size
+    rows = len(examples) if size is None else min(size, len(examples))
+    if not rows:
+        raise ConfigError(f"data.source: no usable training rows in {where}: rows need a question "
+                          f"(data.fields.question: {d.fields.question}) and a gold answer (data.fields.gold: "
+                          f"{d.fields.gold}, read as data.fields.gold_kind {d.fields.gold_kind})")
+    if grpo and rows < cfg.optim.rollout_batch_size // cfg.grpo.group_size:
+        raise ConfigError(
+            f"data.train_size: {rows} usable training rows in {where}, but every step draws "
+            f"optim.rollout_batch_size / grpo.group_size = {cfg.optim.rollout_batch_size // cfg.grpo.group_size} "
+            f"prompts; raise data.train_size or lower optim.rollout_batch_size")
 
 
 def check_grpo_can_learn(cfg: RunConfig) -> None:
@@ -72,15 +144,20 @@ def preflight(cfg: RunConfig, module: str | None) -> None:
     of the trainer's own)."""
     if cfg.output.init_checkpoint is None:
         check_model_path(cfg.model.path)
-    # (output.init_checkpoint is checked by the trainer, with how to make one.)
+    if module is None:
+        return
+    if cfg.output.init_checkpoint is not None:
+        check_init_checkpoint(cfg.output.init_checkpoint)
+    elif looks_like_hub_id(cfg.model.path) and not Path(cfg.model.path).expanduser().exists():
+        check_hub_model(cfg.model.path, "model.path")
+    check_chat_template(cfg)
     if module == "rlft.train_grpo":
         check_grpo_can_learn(cfg)
-    if module is not None:
-        check_data_rows(cfg)
-    if module is not None:
-        from rlft.config.resume_rules import resume_point
-        from rlft.config.outdir_lock import OutputDirLock
+    check_data_rows(cfg)
+    check_training_rows(cfg, module)
+    from rlft.config.resume_rules import resume_point
+    from rlft.config.outdir_lock import OutputDirLock
 
-        OutputDirLock(cfg.output.dir).check_free()  # a running launch holds it (rank 0 checks again)
+    OutputDirLock(cfg.output.dir).check_free()  # a running launch holds it (rank 0 checks again)
 
-        resume_point(cfg)  # resume=never on a used directory, a checkpoint of other settings or layout
+    resume_point(cfg)  # resume=never on a used directory, a checkpoint of other settings or layout

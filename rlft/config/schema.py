@@ -51,6 +51,10 @@ class LoRAConfig:
         if not self.target_modules or any(not isinstance(t, str) or not t for t in self.target_modules):
             raise ConfigError(f"model.lora.target_modules: must be a non-empty list of module names "
                               f"(e.g. {', '.join(LORA_TARGETS)}), got {self.target_modules!r}")
+        unknown = [t for t in self.target_modules if t not in LORA_TARGETS]
+        if unknown:  # peft would adapt the others and leave these out without a word
+            raise ConfigError(f"model.lora.target_modules: {', '.join(map(repr, unknown))} names no linear layer of a "
+                              f"decoder layer (llama, mistral, qwen2, qwen3 have {', '.join(LORA_TARGETS)})")
 
 @dataclass
 class ModelConfig:
@@ -322,6 +326,21 @@ class EnvironmentConfig:
         return self.max_episode_tokens or max_tokens
 
 
+# reporting.trackers' choices and the package each needs (rlft/runtime/trackers.py).
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+@dataclass
+class ReportingConfig:
+    # Where scalars and sample texts go besides OUT/steps.jsonl (rlft/runtime/trackers.py): any of
+    # tensorboard, wandb, mlflow.
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    project: str = "rlft"  # the W&B project / MLflow experiment
+    run_name: str | None = None  # None = the output directory's name
+    wandb_mode: str = "offline"  # offline: OUT/wandb (`wandb sync` uploads it) | online
+    mlflow_tracking_uri: str | None = None  # None = a local file store, OUT/mlruns
+
+
 @dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -335,6 +354,7 @@ class RunConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
+    reporting: ReportingConfig = field(default_factory=ReportingConfig)
     seed: int = 0
     device: str = "auto"  # auto | cuda | cpu
     # The policy's DeepSpeed JSON (null = ds_configs/pipeline_bf16.json or pipeline_fp32.json by dtype);

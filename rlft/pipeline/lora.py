@@ -82,6 +82,11 @@ def add_lora(module: PolicyPipeline, settings, *, seed: int) -> None:
             except ValueError as e:
                 raise ValueError(f"model.lora.target_modules {list(settings.target_modules)}: no such linear "
                                  f"layer in decoder layer {layer.layer_idx} ({e})") from None
+        adapted = {name.rsplit(".", 1)[-1] for name, _ in _lora_layers(layer.layer)}
+        missing = [t for t in settings.target_modules if t not in adapted]
+        if missing:  # peft adapts the names it finds and says nothing of the others
+            raise ValueError(f"model.lora.target_modules: {', '.join(map(repr, missing))} names no linear layer in "
+                             f"decoder layer {layer.layer_idx}")
         if hasattr(layer.layer, "peft_config"):  # peft leaves its config on the module; not a weight
             del layer.layer.peft_config
     for embedding in [m for m in module.modules() if isinstance(m, EmbeddingPipe)]:

@@ -52,14 +52,33 @@ def _box_starts(text: str) -> list[int]:
     return sorted(m.start() for m in re.finditer(r"\\(?:boxed|fbox)", text))
 
 
+def _closes_unopened(text: str) -> bool:
+    """Whether ``text`` closes a brace it never opened (escaped ``\\{`` ``\\}`` aside)."""
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch in "{}" and i and text[i - 1] == "\\":
+            continue
+        depth += 1 if ch == "{" else -1 if ch == "}" else 0
+        if depth < 0:
+            return True
+    return False
+
+
 def extract_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced.
 
-    ``\\boxed 18`` (no braces) yields ``"18"``. Returns None when there is no box or its braces
-    never close.
+    ``\\boxed 18`` (no braces) yields ``"18"``. Returns None when there is no box, its braces
+    never close, or the text after it closes a brace it never opened (``\\boxed{18}}``).
     """
     starts = _box_starts(text)
-    return _read_box(text, starts[-1])[0] if starts else None
+    if not starts:
+        return None
+    outer, end = 0, 0  # the last box not inside another one, and where it ends
+    for start in starts:
+        if start >= end:
+            outer, end = start, _read_box(text, start)[1]
+    content = _read_box(text, starts[-1])[0]
+    return None if content is None or _closes_unopened(text[outer:]) else content
 
 
 def distinct_candidates(text: str) -> list[str]:
@@ -121,17 +140,22 @@ def extract_answer_text(response: str) -> str | None:
 _TEXT_COMMAND = re.compile(
     r"\\(?:text|textbf|textrm|textnormal|mathrm|mathbf|mbox)\s*\{([^{}]*)\}"
 )
-# Characters and LaTeX spacing/delimiter commands that carry no value in a numeric answer.
+# Characters and LaTeX spacing/delimiter commands that carry no value in a numeric answer.  "~" is
+# LaTeX's unbreakable space after the number ("18~cm"); before it, "~18" means about 18 (_number_match).
 _DROPPED = (
     "\\$", "$", "\\(", "\\)", "\\[", "\\]", "\\!", "\\,", "\\;", "\\:", "\\ ", "~",
     "€", "£", "¥", "₹",
 )
 _DIGITS = r"\d{1,3}(?:,\d{3})+|\d+"  # an integer, optionally grouped in thousands
+# The number itself may also group its thousands with spaces ("1 000", "1 000 000"; a no-break or
+# thin space too), never a denominator: "2 1/2" is a mixed number, no number form.
+_SPACE_GROUPED = r"\d{1,3}(?:[ \u00a0\u2009\u202f]\d{3})+"
+_GROUP_SEPARATORS = (",", " ", "\u00a0", "\u2009", "\u202f")
 # A unit word: letters (and "." "'" "/" "-"), with an optional power ("cm^2", "m^{3}", "m²").
 _UNIT_WORD = r"[a-z][a-z.'/-]*(?:\^\{?[1-3]\}?|[\u00b2\u00b3])?"
 _NUMBER = re.compile(
     r"(?P<sign>[-+]?)\s*"
-    rf"(?P<digits>(?:{_DIGITS})(?:\.\d+)?|\.\d+)"
+    rf"(?P<digits>(?:{_SPACE_GROUPED}|{_DIGITS})(?:\.\d+)?|\.\d+)"
     # A fraction of two integers: "1/2" (also what "\frac{1}{2}" is rewritten to).
     rf"(?:\s*/\s*(?P<denominator>{_DIGITS}))?(?P<gap>\s*)"
     r"(?P<percent>%|percent\b|per\s?cent\b)?\s*"
@@ -179,8 +203,13 @@ _LABEL = re.compile(r"(?:[a-z]{1,2}\s*)?=\s*", re.IGNORECASE)
 
 def _number_match(text: str) -> re.Match | None:
     """The number-form match for ``text`` after LaTeX and markdown clean-up, else None."""
-    if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
+    if not isinstance(text, str):
         return None
+    text = text.strip()  # the cap counts the answer, not the spaces around it
+    if len(text) > MAX_ANSWER_CHARS:
+        return None
+    if re.match(r"[^\d]*~", text):
+        return None  # "~18" is about 18: a "~" before the number is no space
     if "\\boxed" in text or "\\fbox" in text:
         boxed = extract_boxed(text)
         if boxed is None:
@@ -203,7 +232,16 @@ def _number_match(text: str) -> re.Match | None:
     match = _NUMBER.fullmatch(text)
     if match is None or not _is_unit(match["unit"], not match["gap"] and not match["percent"]):
         return None
+    if match["denominator"] is not None and re.search(r"\s", match["digits"]):
+        return None  # "1 000/2": a mixed number or a grouped numerator, either way no number form
     return match
+
+
+def _digits_value(digits: str) -> str:
+    """The digits of a number form without their thousands separators."""
+    for separator in _GROUP_SEPARATORS:
+        digits = digits.replace(separator, "")
+    return digits
 
 
 def _parse_number(text: str) -> tuple[Decimal, bool] | None:
@@ -212,7 +250,7 @@ def _parse_number(text: str) -> tuple[Decimal, bool] | None:
     if match is None or match["denominator"] is not None:
         return None
     try:
-        value = Decimal(match["sign"] + match["digits"].replace(",", ""))
+        value = Decimal(match["sign"] + _digits_value(match["digits"]))
     except InvalidOperation:
         return None
     return value, match["percent"] is not None
@@ -233,7 +271,7 @@ def parse_number_form(text: str, whole_fractions: bool = False) -> tuple[Fractio
     if match is None:
         return None
     try:
-        value = Fraction(Decimal(match["sign"] + match["digits"].replace(",", "")))
+        value = Fraction(Decimal(match["sign"] + _digits_value(match["digits"])))
     except InvalidOperation:
         return None
     if match["denominator"] is not None:

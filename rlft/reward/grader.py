@@ -13,9 +13,9 @@ Answer equivalence is decided in two tiers:
    the answer must be written as a number too, and is compared as an exact rational (``Decimal``
    -> ``Fraction``; never floats, so 20-digit integers compare exactly). Number forms
    (:func:`parse_number_form`): integers and decimals with thousands commas (``1,000``,
-   ``1{,}000``, ``1\\,000``), a sign, currency (``$18``, ``\\$18``), trailing units
+   ``1{,}000``, ``1\\,000``) or spaces (``1 000``), a sign, currency (``$18``, ``\\$18``), trailing units
    (``18 dollars``, ``\\text{18 apples}``, ``18 cm^2``; not words that negate, hedge or scale:
-   ``18 or more``, ``18 thousand``, ``18k``), a percent sign read once, by the gold (``25%`` is
+   ``18 or more``, ``18 thousand``, ``18k``, nor a ``~`` before it: ``~18`` is about 18), a percent sign read once, by the gold (``25%`` is
    right for 25 or 0.25, ``1800%`` is not right for 18; :func:`same_number`),
    ``\\boxed{}``, a short label (``x = 18``), and fractions of two integers (``1/2``,
    ``\\frac{1}{2}``, ``\\dfrac12``). Anything else is wrong without further checks: an answer
@@ -137,7 +137,8 @@ class Grader(WorkerPool):
             if not format_ok:
                 results[i], stats.in_process = FORMAT_ERROR, stats.in_process + 1
                 continue
-            if answer is None or not answer.strip() or len(answer) > MAX_ANSWER_CHARS:
+            answer = None if answer is None else answer.strip()  # the cap counts the answer itself
+            if not answer or len(answer) > MAX_ANSWER_CHARS:
                 results[i], stats.in_process = WRONG_ANSWER, stats.in_process + 1
                 continue
             verdict, undecided = decide_in_process(answer, golds, fast)
@@ -146,7 +147,7 @@ class Grader(WorkerPool):
             elif not is_safe_for_symbolic(answer):
                 results[i], stats.rejected = WRONG_ANSWER, stats.rejected + 1
             else:
-                request = {"answer": answer.strip(), "golds": undecided}
+                request = {"answer": answer, "golds": undecided}
                 jobs.append(_Job(i, request, counter="symbolic"))
 
         with self.batch(stats):

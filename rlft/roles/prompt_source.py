@@ -16,7 +16,10 @@ class PromptSource:
 
     def __init__(self, cfg: RunConfig, tokenizer, prompts_per_step: int, *, max_prompt_tokens: int | None = None):
         d = cfg.data
-        loaded = load_split(d, d.train_split, size=d.train_size, seed=cfg.seed)
+        try:
+            loaded = load_split(d, d.train_split, size=d.train_size, seed=cfg.seed)
+        except ValueError as e:  # e.g. no usable row at all: one line, as for too few
+            raise ConfigError(f"data.source: {e}") from None
         loaded = drop_long_prompts(loaded, tokenizer, prompt_of(cfg), max_prompt_tokens,
                                    f"{d.source} [{d.train_split}]")
         self.examples, self.skipped = loaded.examples, loaded.skipped

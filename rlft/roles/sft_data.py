@@ -94,7 +94,10 @@ class SFTFeeder:
 
     def __init__(self, cfg: RunConfig, tokenizer, *, context: int | None = None):
         self.cfg, self.tokenizer = cfg, tokenizer
-        loaded = load_split(cfg.data, cfg.data.train_split, size=cfg.sft.train_size, seed=cfg.seed)
+        try:
+            loaded = load_split(cfg.data, cfg.data.train_split, size=cfg.sft.train_size, seed=cfg.seed)
+        except ValueError as e:  # e.g. no usable row at all
+            raise ConfigError(f"data.source: {e}") from None
         max_seq_len = min(cfg.sft.max_seq_len, context or cfg.sft.max_seq_len)
         data = build_sft_data(loaded.examples, tokenizer, template=prompt_of(cfg), max_seq_len=max_seq_len,
                               end_with_eos=cfg.sft.end_with_eos)

@@ -9,7 +9,8 @@
     sync.py          fresh policy weights into the engines
     run_eval.py      the evaluation hook of the steps, and evaluating a finished model
     checkpoint.py    checkpoint layout, save and resume
-    reporting.py     TensorBoard, steps.jsonl, log lines; merging every rank's metrics
+    reporting.py     steps.jsonl, log lines; merging every rank's metrics
+    trackers.py      reporting.trackers: TensorBoard, Weights & Biases (offline), MLflow (a local store)
     loop.py          the step loop: reports, checkpoints
     memory_plan.py   the policy and an engine sharing one GPU: the start-up plan and its hints
     watchdog.py      a rank that stops answering: collective timeouts, peers that vanished

@@ -188,20 +188,38 @@ def has_weights(model_dir: str | Path) -> bool:
 
 
 def save_checkpoint(ctx: RankContext, step: int, *, final: bool = False) -> None:
-    """Every rank writes its part into a temporary directory; rank 0 publishes it.  A write that
-    fails (a full disk, ...) removes the temporary directories and raises CheckpointError, whose
-    one line names the checkpoint and the cause."""
+    """Every rank writes its part into a temporary directory; rank 0 publishes it (and, when
+    `final`, exports OUT/model from it).  A write that fails (a full disk, ...) removes the
+    temporary directories and raises CheckpointError, whose one line names what was not written
+    and the cause: the checkpoint, or only OUT/model when the checkpoint was published."""
     out = ctx.cfg.output.dir
     try:
-        _save_checkpoint(ctx, step, final=final)
+        _save_checkpoint(ctx, step)
     except (OSError, RuntimeError) as e:
         cause = write_failure(e, checkpoint_root(out))  # before the removal frees the space
-        for partial in (tmp_step_dir(out, step), Path(out) / ".model.tmp"):
-            shutil.rmtree(partial, ignore_errors=True)
+        shutil.rmtree(tmp_step_dir(out, step), ignore_errors=True)
         if cause is None:  # not a write that failed (a lost peer, ...): as it came
             raise
         raise CheckpointError(f"could not save checkpoint {step_dir(out, step)}: {cause} "
                               f"(its temporary directory was removed)") from e
+    if final:
+        _export_final(ctx, step)
+
+
+def _export_final(ctx: RankContext, step: int) -> None:
+    out = Path(ctx.cfg.output.dir)
+    if ctx.roles.rank == 0:
+        try:
+            export_final_model(out, step)
+        except (OSError, RuntimeError) as e:
+            cause = write_failure(e, out)
+            shutil.rmtree(out / ".model.tmp", ignore_errors=True)
+            if cause is None:
+                raise
+            raise CheckpointError(f"could not export the final model {out / 'model'}: {cause}; checkpoint "
+                                  f"{step_dir(out, step)} was saved intact, and launching again exports it") from e
+        log.info("saved final model %s", out / "model")
+    ctx.bridge.barrier()
 
 
 def write_failure(e: BaseException, where: Path) -> str | None:
@@ -225,7 +243,7 @@ def write_failure(e: BaseException, where: Path) -> str | None:
     return text.strip().splitlines()[-1]
 
 
-def _save_checkpoint(ctx: RankContext, step: int, *, final: bool) -> None:
+def _save_checkpoint(ctx: RankContext, step: int) -> None:
     cfg, roles, bridge = ctx.cfg, ctx.roles, ctx.bridge
     tmp, dst = tmp_step_dir(cfg.output.dir, step), step_dir(cfg.output.dir, step)
     if roles.rank == 0:
@@ -265,9 +283,7 @@ def _save_checkpoint(ctx: RankContext, step: int, *, final: bool) -> None:
                                              "settings": run_settings(cfg)})
         publish(tmp, dst)
         prune(cfg.output.dir, cfg.output.keep_checkpoints)
-        if final:
-            export_final_model(cfg.output.dir, step)
-        log.info("saved checkpoint %s%s", dst, f" and final model {Path(cfg.output.dir) / 'model'}" if final else "")
+        log.info("saved checkpoint %s", dst)
     bridge.barrier()
 
 

@@ -3,40 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlft.common import log, looks_like_hub_id
+from rlft.common import log
 from rlft.config import ConfigError, config_warnings, save_config
-from rlft.models.loading import DEFAULT_MODEL, ModelPathError, check_model_dir, load_tokenizer, resolve_model_path
+from rlft.models.loading import load_tokenizer, resolve_model_path
+from rlft.config.start_model import check_init_checkpoint  # noqa: F401 - the trainers check it on every rank too
 from rlft.runtime.checkpoint import finished_model
 from rlft.runtime.context import RankContext
-
-SFT_HINT = ("make it with supervised fine-tuning first: `bash launch/sft.sh launch/configs/sft_1gpu.yaml` "
-            "(writes runs/sft/model), or point output.init_checkpoint at any HF model (a hub id or a local "
-            "model directory), or set it to null to start from model.path")
-
-
-def check_init_checkpoint(path: str | None) -> None:
-    """Refuse an `output.init_checkpoint` that names no model, saying how to make one.
-
-    Passes: None (start from model.path), a complete HF model directory, a .gguf file, the offline
-    default model's name, and hub ids (`org/name`, unless a local directory `org` exists, which
-    means a local path was meant).  Raises ConfigError otherwise.
-    """
-    if path is None or path == DEFAULT_MODEL:
-        return
-    p = Path(path).expanduser()
-    if p.is_dir():
-        try:
-            check_model_dir(p)
-        except ModelPathError as e:
-            raise ConfigError(f"output.init_checkpoint: {e}; {SFT_HINT}") from None
-        return
-    if p.is_file():
-        if p.suffix == ".gguf":
-            return
-        raise ConfigError(f"output.init_checkpoint: {path} is a file, not a model directory or a .gguf; {SFT_HINT}")
-    if looks_like_hub_id(path):
-        return
-    raise ConfigError(f"output.init_checkpoint: {path} does not exist; {SFT_HINT}")
 
 
 def resolve_start_model(ctx: RankContext) -> None:
@@ -47,6 +19,9 @@ def resolve_start_model(ctx: RankContext) -> None:
     path = resolve_model_path(cfg.output.init_checkpoint or cfg.model.path) if ctx.roles.rank == 0 else None
     ctx.model_path = ctx.bridge.broadcast_object(path, src=0)
     ctx.tokenizer = load_tokenizer(ctx.model_path)
+    from rlft.runtime.build import check_prompt_fits_tokenizer
+
+    check_prompt_fits_tokenizer(ctx)  # every rank, before any prompt is rendered
     settle_backend(ctx, ctx.model_path)
 
 

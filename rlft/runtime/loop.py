@@ -43,8 +43,9 @@ def open_tracker(ctx: RankContext, start: int) -> None:
     """Rank 0 opens TensorBoard and steps.jsonl, keeping only the records of steps up to `start`
     (the checkpoint the run continues from; 0 = none)."""
     if ctx.roles.rank == 0:
-        ctx.tracker = Tracker(ctx.cfg.output.dir, resume_step=start)
-        log.info("TensorBoard: tensorboard --logdir %s", ctx.tracker.tb_dir)
+        ctx.tracker = Tracker(ctx.cfg.output.dir, resume_step=start, settings=ctx.cfg.reporting)
+        for line in ctx.tracker.describe():
+            log.info("%s", line)
 
 
 def close_tracker(ctx: RankContext) -> None:
@@ -122,6 +123,9 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
             if cfg.output.save_at_end:
                 with ctx.timed("save"):
                     save_checkpoint(ctx, step, final=True)
+            elif periodic_save(cfg, step, flags):  # a checkpoint it would save were it not the last
+                with ctx.timed("save"):
+                    save_checkpoint(ctx, step)
             metrics.update(final_eval(ctx, step))
         metrics["seconds"] = {**ctx.seconds, "step": time.perf_counter() - t0}
         clock.add(metrics["seconds"]["step"])
@@ -141,8 +145,7 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
         if diverged:
             stop_diverged(ctx, step, nonfinite_run, first_bad)
             break
-        periodic = flags["epoch_ended"] or (cfg.schedule.save_every and step % cfg.schedule.save_every == 0)
-        if not last and periodic and not flags["nonfinite"]:
+        if not last and periodic_save(cfg, step, flags):
             save_checkpoint(ctx, step)
         if last:
             if step < total:
@@ -151,6 +154,13 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
             break
     bar.close()
     return step
+
+
+def periodic_save(cfg, step: int, flags: dict) -> bool:
+    """Whether `step` saves a periodic checkpoint: it ended an epoch of prompts or is a multiple of
+    `schedule.save_every`, and its update was kept."""
+    periodic = flags["epoch_ended"] or (cfg.schedule.save_every and step % cfg.schedule.save_every == 0)
+    return bool(periodic) and not flags["nonfinite"]
 
 
 def step_flags(ctx: RankContext, metrics: dict) -> dict:

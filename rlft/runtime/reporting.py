@@ -1,4 +1,5 @@
-"""What a run reports: TensorBoard scalars and text, a JSONL line per step, concise log lines.
+"""What a run reports: scalars and text to its trackers (TensorBoard, W&B, MLflow:
+`rlft.runtime.trackers`), a JSONL line per step, concise log lines.
 
 Every rank's step metrics are gathered on rank 0, which merges them (`merge_metrics`) and writes
 them (`rlft.runtime.loop.report`)."""
@@ -33,12 +34,13 @@ class Tracker:
     JSON object per line and one line per step: a non-finite number is written as null, and a
     second record of the last step is merged into its line."""
 
-    def __init__(self, out_dir: str | Path, resume_step: int = 0):
-        from torch.utils.tensorboard import SummaryWriter
+    def __init__(self, out_dir: str | Path, resume_step: int = 0, settings=None):
+        from rlft.config.schema import ReportingConfig
+        from rlft.runtime.trackers import open_sinks
 
         self.dir = Path(out_dir)
         self.tb_dir = self.dir / "tensorboard"
-        self.writer = SummaryWriter(str(self.tb_dir), purge_step=resume_step + 1 if resume_step else 0)
+        self.sinks = open_sinks(self.dir, resume_step, settings or ReportingConfig())
         self.steps_path = self.dir / "steps.jsonl"
         kept = [r for r in read_records(self.steps_path) if resume_step and r.get("step", 0) <= resume_step]
         tmp = self.steps_path.with_name(self.steps_path.name + ".tmp")
@@ -49,13 +51,18 @@ class Tracker:
         self._last_offset = self.steps_path.stat().st_size - (len(_json_line(self._last)) if kept else 0)
 
     def scalars(self, step: int, metrics: dict[str, float]) -> None:
-        for k, v in sorted(metrics.items()):
-            if isinstance(v, (int, float)):
-                self.writer.add_scalar(k, v, step)
-        self.writer.flush()
+        """The numbers of `metrics` (other values left out), to every tracker alike."""
+        numbers = {k: v for k, v in sorted(metrics.items()) if isinstance(v, (int, float))}
+        for sink in self.sinks:
+            sink.scalars(step, numbers)
 
     def text(self, tag: str, step: int, text: str) -> None:
-        self.writer.add_text(tag, text, step)
+        for sink in self.sinks:
+            sink.text(tag, step, text)
+
+    def describe(self) -> list[str]:
+        """Where each tracker writes, one line each."""
+        return [sink.describe() for sink in self.sinks]
 
     def record(self, step: int, record: dict) -> None:
         """One line of steps.jsonl; a second record of the last line's step is merged into that line."""
@@ -70,7 +77,8 @@ class Tracker:
         self.steps_file.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        for sink in self.sinks:
+            sink.close()
         self.steps_file.close()
 
 

@@ -1,0 +1,203 @@
+"""What the launch refuses before any rank starts (rlft.config.preflight through rlft.config.launch_plan): each of
+these was found only by the ranks, tens of seconds and many lines later, with an output directory
+left behind."""
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "launch" / "configs"
+TINY = CONFIGS / "grpo_cpu_tiny.yaml"
+GSM8K = REPO / "tests" / "fixtures" / "gsm8k"
+
+
+def fake_model(path: Path, chat_template: str | None = None) -> Path:
+    """A directory the checks take for a model: config, weights file, tokenizer config."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text('{"num_hidden_layers": 2}')
+    (path / "model.safetensors").write_bytes(b"")
+    tokenizer = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    if chat_template is not None:
+        tokenizer["chat_template"] = chat_template
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    return path
+
+
+def refusal(capsys, *args: str, module: str = "rlft.train_grpo", config: Path = TINY) -> str:
+    """The one line `rlft.config.launch_plan` refuses the launch with (exit status 2)."""
+    from rlft.config.launch_plan import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--module", module, "--config", str(config), *args])
+    assert info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("rlft: config error: ")
+    return line[len("rlft: config error: "):]
+
+
+def accepted(capsys, *args: str, module: str = "rlft.train_grpo", config: Path = TINY) -> None:
+    from rlft.config.launch_plan import main
+
+    main(["--module", module, "--config", str(config), *args])
+    assert capsys.readouterr().out.startswith("world=")
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+# ---------------------------------------------------------------- a chat prompt without a chat template
+
+
+def test_a_chat_prompt_for_a_tokenizer_without_a_chat_template(tmp_path, capsys):
+    out = tmp_path / "out"
+    base = fake_model(tmp_path / "base")
+    common = [f"output.dir={out}", f"data.source={GSM8K}", "data.prompt_template=chat"]
+    assert refusal(capsys, *common, f"model.path={base}") == (
+        f"data.prompt_template: a chat prompt needs a tokenizer with a chat template, and {base}'s tokenizer has none: "
+        f"use a text template (e.g. data.prompt_template=r1_zero) for a base model")
+    assert not out.exists()
+    instruct = fake_model(tmp_path / "instruct", chat_template="{{ messages[0].content }}")
+    accepted(capsys, *common, f"model.path={instruct}")
+    jinja = fake_model(tmp_path / "jinja")  # transformers 5 saves the template as its own file
+    (jinja / "chat_template.jinja").write_text("{{ messages[0].content }}")
+    accepted(capsys, *common, f"model.path={jinja}")
+    accepted(capsys, f"output.dir={out}", f"data.source={GSM8K}", f"model.path={base}")  # a text template
+
+
+# ---------------------------------------------------------------- training rows
+
+
+def test_an_empty_or_too_short_train_jsonl(tmp_path, capsys):
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    model = fake_model(tmp_path / "model")
+    common = [f"output.dir={out}", f"model.path={model}", f"data.source={data}"]
+    (data / "train.jsonl").write_text("")
+    assert refusal(capsys, *common) == (
+        f"data.source: no usable training rows in {data} [train]: rows need a question (data.fields.question: "
+        f"question) and a gold answer (data.fields.gold: answer, read as data.fields.gold_kind gsm8k)")
+    assert refusal(capsys, *common, module="rlft.train_sft", config=CONFIGS / "sft_cpu_tiny.yaml").startswith(
+        f"data.source: no usable training rows in {data} [train]")
+    rows = (GSM8K / "train.jsonl").read_text().splitlines()
+    (data / "train.jsonl").write_text(rows[0] + "\n{broken\n")
+    assert refusal(capsys, *common) == (
+        f"data.train_size: 1 usable training rows in {data} [train] (skipped: invalid_json=1), but every step draws "
+        f"optim.rollout_batch_size / grpo.group_size = 2 prompts; raise data.train_size or lower "
+        f"optim.rollout_batch_size")
+    assert not out.exists()
+    (data / "train.jsonl").write_text("\n".join(rows[:2]) + "\n")
+    accepted(capsys, *common)
+
+
+def test_the_ranks_say_the_same_of_a_split_with_no_usable_row(tmp_path):
+    from rlft.config import ConfigError, load_config
+    from rlft.roles.prompt_source import PromptSource
+
+    (tmp_path / "train.jsonl").write_text("")
+    cfg = load_config(TINY, [f"data.source={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"^data.source: no usable examples in "):
+        PromptSource(cfg, None, 2)
+
+
+# ---------------------------------------------------------------- a starting checkpoint not made yet
+
+
+def test_a_missing_init_checkpoint_names_the_sft_config_that_writes_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    demo = CONFIGS / "grpo_cpu_demo.yaml"
+    line = refusal(capsys, f"data.source={GSM8K}", config=demo)
+    assert line == ("output.init_checkpoint: runs/demo/sft/model does not exist; make it with supervised fine-tuning "
+                    "first: `bash launch/sft.sh launch/configs/sft_cpu_demo.yaml` (writes runs/demo/sft/model), or "
+                    "point output.init_checkpoint at any HF model (a hub id or a local model directory), or set it to "
+                    "null to start from model.path")
+    assert "`bash launch/sft.sh launch/configs/sft_1gpu.yaml` (writes runs/sft/model)" in refusal(
+        capsys, f"data.source={GSM8K}", "output.init_checkpoint=runs/sft/model", config=demo)
+    assert "`bash launch/sft.sh SFT_CONFIG output.dir=elsewhere/sft` (writes elsewhere/sft/model)" in refusal(
+        capsys, f"data.source={GSM8K}", "output.init_checkpoint=elsewhere/sft/model", config=demo)
+    assert not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------- hub ids
+
+
+def test_a_hub_id_not_cached_while_offline(tmp_path, capsys, hub_cache):
+    out = tmp_path / "out"
+    args = [f"output.dir={out}", f"data.source={GSM8K}", "model.path=org/doesnotexist"]
+    assert refusal(capsys, *args) == (
+        f"model.path: org/doesnotexist is not in the local Hugging Face cache ({hub_cache}) and HF_HUB_OFFLINE=1 "
+        f"keeps it from being downloaded: download it first (`hf download org/doesnotexist`), or give a local "
+        f"model directory")
+    assert refusal(capsys, f"output.dir={out}", f"data.source={GSM8K}", "output.init_checkpoint=org/sft").startswith(
+        "output.init_checkpoint: org/sft is not in the local Hugging Face cache")
+    assert not out.exists()
+    # Cached: accepted, and a chat prompt reads the snapshot's tokenizer files.
+    repo = hub_cache / "models--org--doesnotexist"
+    fake_model(repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    accepted(capsys, *args)
+    assert refusal(capsys, *args, "data.prompt_template=chat").startswith(
+        "data.prompt_template: a chat prompt needs a tokenizer with a chat template, and org/doesnotexist's")
+
+
+class _Hub(http.server.BaseHTTPRequestHandler):
+    known = {"/api/models/org/known"}
+
+    def do_HEAD(self):  # noqa: N802 - http.server's name
+        self.send_response(200 if self.path in self.known else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_hub_id_the_hub_does_not_know_or_cannot_be_reached(tmp_path, capsys, hub_cache, monkeypatch):
+    from rlft.common import free_port
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    common = [f"output.dir={tmp_path / 'out'}", f"data.source={GSM8K}"]
+    try:
+        accepted(capsys, *common, "model.path=org/known")
+        assert refusal(capsys, *common, "model.path=org/unknown") == (
+            f"model.path: org/unknown is no model the Hugging Face hub ({endpoint}) knows (HTTP 404): check the id, "
+            f"set HF_TOKEN for a private model, or give a local model directory")
+    finally:
+        server.shutdown()
+        server.server_close()
+    closed = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("HF_ENDPOINT", closed)
+    assert refusal(capsys, *common, "model.path=org/known").startswith(
+        f"model.path: org/known is not in the local Hugging Face cache ({hub_cache}) and the hub ({closed}) cannot be "
+        f"reached (")
+
+
+def test_train_sh_refuses_an_unreachable_hub_id_at_once(tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hub"))
+    res = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(TINY), f"output.dir={out}",
+                          f"data.source={GSM8K}", "model.path=org/doesnotexist"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr
+    # One line: no rank started (the launch would announce its ranks first), and nothing was written.
+    (line,) = res.stderr.splitlines()
+    assert line.startswith("rlft: config error: model.path: org/doesnotexist is not in the local Hugging Face cache")
+    assert not out.exists()
