@@ -53,10 +53,12 @@ def script_episode(env, tok, question: str, turns: list[str], ground_truth: str 
     return start.token_ids(tok), ids, mask
 
 
-def teach_episodes(model_dir: str, rows: list[tuple], *, steps: int = 150, lr: float = 3e-3, seed: int = 0) -> float:
-    """Fit the model at ``model_dir`` (in place) to ``rows`` (from :func:`script_episode`): the mean
-    cross-entropy of every model token, the inserted ones left out.  Rows that share a prompt and
-    differ from some token on are learnt as equally likely branches there.  Returns the final loss."""
+def teach_episodes(model_dir: str, rows: list[tuple], *, steps: int = 150, lr: float = 3e-3, seed: int = 0,
+                   weights: list[float] | None = None) -> float:
+    """Fit the model at ``model_dir`` (in place) to ``rows`` (from :func:`script_episode`): the weighted
+    mean cross-entropy of every model token, the inserted ones left out.  Rows that share a prompt and
+    differ from some token on are learnt as branches there, as likely as their ``weights`` (default:
+    equally).  Returns the final loss."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -68,7 +70,7 @@ def teach_episodes(model_dir: str, rows: list[tuple], *, steps: int = 150, lr: f
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     batch = build_rollout_batch([r[0] for r in rows], [r[1] for r in rows], pad_token_id=tok.pad_token_id,
                                 response_token_masks=[r[2] for r in rows])
-    mask = batch.response_mask
+    mask = batch.response_mask * torch.tensor(weights or [1.0] * len(rows), dtype=torch.float32)[:, None]
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     for _ in range(steps):
         loss = -(sequence_logprobs(model, batch.input_ids, batch.attention_mask) * mask).sum() / mask.sum()
