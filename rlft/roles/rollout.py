@@ -130,10 +130,13 @@ class RolloutWorker:
         return batch, reward_stats
 
     def overlong_penalties(self, rollout: Rollout) -> torch.Tensor:
-        """`[B]` DAPO's soft overlong penalty of each response (`rlft.batching.overlong`)."""
-        g = self.cfg.grpo
+        """`[B]` DAPO's soft overlong penalty of each response (`rlft.batching.overlong`): its length against
+        `sampling.max_tokens`, or an episode's (tool replies included) against the episode's budget."""
+        g, limit = self.cfg.grpo, self.cfg.sampling.max_tokens
+        if None not in rollout.episodes:
+            limit = self.cfg.environment.episode_tokens(limit)
         lengths = torch.tensor([len(ids) for ids in rollout.response_ids])
-        return soft_overlong_penalty(lengths, self.cfg.sampling.max_tokens, g.overlong_buffer, g.overlong_penalty)
+        return soft_overlong_penalty(lengths, limit, g.overlong_buffer, g.overlong_penalty)
 
     def filter_overlong(self, batch: RolloutBatch, rollout: Rollout) -> dict:
         """With `grpo.overlong: filter`, zero the response mask of responses cut by max_tokens (in
