@@ -185,3 +185,15 @@ def test_a_tool_environment_needs_a_chat_prompt():
     with pytest.raises(EnvironmentSpecError, match=r"^environment 'calculator' offers tools through the chat "
                                                    r"template: use a chat prompt \(data.prompt_template: chat\)$"):
         make_environment("calculator", Prompt("r1_zero"))
+
+
+def test_an_overlong_buffer_longer_than_an_episode_is_refused_in_one_line():
+    from rlft.config import ConfigError, build_config
+
+    tools = {"environment": {"name": "calculator", "max_episode_tokens": 96}, "data": {"prompt_template": "chat"},
+             "sampling": {"max_tokens": 512}}
+    with pytest.raises(ConfigError, match=r"^grpo.overlong_buffer: 128 tokens is more than an episode may have "
+                                          r"\(environment.max_episode_tokens: 96\)$"):
+        build_config({**tools, "grpo": {"overlong": "soft_penalty", "overlong_buffer": 128}})
+    build_config({**tools, "grpo": {"overlong": "soft_penalty", "overlong_buffer": 96}})  # it fits
+    build_config({**tools, "grpo": {"overlong": "filter", "overlong_buffer": 128}})  # no penalty, no limit

@@ -31,10 +31,10 @@ def test_truncated_rows_are_the_length_finishes():
     assert truncated_rows(["stop", "length", "eos", "length"]).tolist() == [False, True, False, True]
 
 
-def worker(**grpo) -> RolloutWorker:
+def worker(environment: dict | None = None, **grpo) -> RolloutWorker:
     """The rollout role's batch-building half, without an engine, data or grader."""
     cfg = build_config({"grpo": {"group_size": 4, **grpo}, "sampling": {"max_tokens": 10},
-                        "optim": {"rollout_batch_size": 4}})
+                        "optim": {"rollout_batch_size": 4}, "environment": environment or {}})
     w = RolloutWorker.__new__(RolloutWorker)
     w.cfg, w.group_size = cfg, 4
     w.tokenizer = SimpleNamespace(pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS)
@@ -66,6 +66,22 @@ def test_soft_penalty_changes_rewards_before_group_normalisation():
     batch, _ = worker(advantage_estimator="dr_grpo").to_batch(ROLLOUT, GRADES)
     assert batch.raw_rewards.tolist() == [1.0, 0.0, 1.0, 1.0]
     assert batch.advantages.tolist() == [0.25, -0.75, 0.25, 0.25]
+
+
+def test_an_episodes_soft_penalty_counts_against_the_episodes_budget():
+    from rlft.envs.episodes import EpisodeResult
+
+    # Turns of at most 10 tokens, episodes of at most 20 (tool replies included), buffer 4: the penalty
+    # starts after 16 of the episode's tokens, not after 6.
+    w = worker({"max_episode_tokens": 20}, overlong="soft_penalty", overlong_buffer=4, overlong_penalty=1.0)
+    lengths = [5, 16, 18, 20]
+    episodes = Rollout(example_indices=[0] * 4, prompt_ids=[[7, 8]] * 4, response_ids=[[3] * n for n in lengths],
+                       responses=["r"] * 4, ground_truths=["1"] * 4, finish_reasons=["eos"] * 3 + ["length"],
+                       prompts=["p"] * 4, logprobs=[None] * 4, model_masks=[[1] * n for n in lengths],
+                       episodes=[EpisodeResult(token_ids=[3] * n) for n in lengths])
+    assert w.overlong(episodes).reward_change.tolist() == [0.0, 0.0, -0.5, -1.0]
+    # Single-turn responses keep sampling.max_tokens as their limit.
+    assert w.overlong(ROLLOUT).reward_change.tolist() == [0.0, 0.0, -0.5, -1.0]
 
 
 def test_filter_masks_exactly_the_truncated_responses():

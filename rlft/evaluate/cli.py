@@ -25,6 +25,13 @@ penalty 1.1, at least 4 tokens); ``--temperature`` (greedy by default), ``--top-
 ``--max-tokens`` override them. The engine gets every question of a set at once (vLLM schedules
 them itself); ``--batch-size`` caps that.
 
+A config whose ``environment.name`` is a multi-turn environment (e.g. ``calculator``, with
+``environment.evaluate_with_tools`` true) makes every answer an episode of it, as in training: the
+model may call the tool, its last turn is graded, and the summary adds the tool figures
+(``tool_call_rate``, ``tool_calls_per_episode``, ``tool_errors``, ``accuracy_with_tool``,
+``accuracy_without_tool``).  ``--environment NAME`` chooses one (``module:Class`` too), ``--no-tools``
+none.
+
 Bad input (a model or data path that does not exist, an unknown data source, an out-of-range
 option) prints one line on stderr and exits with status 2.
 """
@@ -173,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--answer-format", default=None,
                    help=f"{' | '.join(ANSWER_FORMATS)}: where the answer is (default: the config's, else "
                         f"{DEFAULT_ANSWER_FORMAT})")
+    p.add_argument("--environment", default=None,
+                   help="answer in episodes of this environment (calculator, a registered name or module:Class; "
+                        "default: the config's environment.name when its evaluate_with_tools is true)")
+    p.add_argument("--no-tools", action="store_true",
+                   help="one answer per question, no tools, whatever the config's environment")
     p.add_argument("--seed", type=int, default=0,
                    help="sampling seed, and gsm_symbolic's generator seed (default: %(default)s)")
     p.add_argument("--out", default=None, help="output directory (default: see above)")
@@ -198,6 +210,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.batch_size is not None and args.batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
     args.prompt = build_prompt(args)
+    args.episodes = build_environment(args)
 
 
 def build_prompt(args: argparse.Namespace):
@@ -227,6 +240,29 @@ def build_prompt(args: argparse.Namespace):
         option = "--answer-format" if "answer format" in str(exc) else "--prompt-template"
         raise InputError(f"{option}: {exc}") from None
     return prompt
+
+
+def build_environment(args: argparse.Namespace):
+    """``(environment, EnvironmentConfig)``: the multi-turn environment whose episodes the answers are
+    (``--environment``, else the config's ``environment.name`` when its ``evaluate_with_tools`` is
+    true; None with ``--no-tools`` or a single-turn one) and the config's section (its ``max_turns``,
+    ``max_episode_tokens``, ``options``).  InputError naming the option when it cannot be used."""
+    from rlft.config.schema import EnvironmentConfig
+    from rlft.envs.registry import EnvironmentSpecError, environment_record, make_environment
+
+    if args.no_tools and args.environment:
+        raise InputError("--environment and --no-tools: give one of them")
+    e = args.run_config.environment if args.run_config is not None else EnvironmentConfig()
+    name = args.environment or (e.name if e.evaluate_with_tools else None)
+    if args.no_tools or name is None:
+        return None, e
+    option = "--environment" if args.environment else "--config: environment.name"
+    try:
+        if not environment_record(name).multi_turn:
+            return None, e
+        return make_environment(name, args.prompt, e.options if name == e.name else {}), e
+    except EnvironmentSpecError as exc:
+        raise InputError(f"{option}: {exc}") from None
 
 
 def build_spec(args: argparse.Namespace):
@@ -260,6 +296,12 @@ def format_summary(summary: dict) -> str:
         ("mean reward", f"{summary['mean_reward']:.4f}"),
         ("mean response tokens", f"{summary['mean_response_length']:.1f}"),
     ]
+    if "tool_call_rate" in summary:
+        rows.append(("episodes with a tool call", f"{summary['tool_call_rate']:.4f}"))
+        rows.append(("tool calls / episode", f"{summary['tool_calls_per_episode']:.2f}"))
+        for key, name in (("accuracy_with_tool", "accuracy with a tool call"),
+                          ("accuracy_without_tool", "accuracy without")):
+            rows.append((name, "-" if summary[key] is None else f"{summary[key]:.4f}"))
     if "seconds" in summary:
         rows.append(("seconds", f"{summary['seconds']:.1f}"))
         rows.append(("examples / s", f"{summary['examples_per_s']:.2f}"))
@@ -388,9 +430,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: {args.model} on {data.source}:{data.split} ({len(examples)} questions, k={args.k}, "
                   f"temperature={spec.temperature}, max_tokens={spec.max_tokens}, device={device})",
                   file=sys.stderr)
+            env, e = args.episodes
             records, summary = evaluate(engine, tokenizer, examples, spec=spec, k=args.k,
                                         batch_size=args.batch_size, prompt_template=args.prompt,
-                                        progress=not args.no_progress)
+                                        progress=not args.no_progress, environment=env, max_turns=e.max_turns,
+                                        max_episode_tokens=e.episode_tokens(spec.max_tokens))
+            if env is not None:
+                summary.update(environment=args.environment or e.name, max_turns=e.max_turns,
+                               max_episode_tokens=e.episode_tokens(spec.max_tokens))
             # What produced these numbers, so a summary file stands on its own.
             summary.update(model=args.model, data=f"{data.source}:{data.split}", split=data.split,
                            engine=type(engine).__name__, backend=backend.name, device=device,

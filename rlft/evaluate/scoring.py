@@ -21,6 +21,11 @@ Metrics (``n`` samples per question, ``n >= k``):
 
 A sample is *correct* when its ``answer_reward`` is 1, the quantity ``accuracy`` averages: the
 answer format's contract, what the reward pays (strict).
+
+With a multi-turn environment (``evaluate(..., environment=...)``, e.g. the calculator) every sample is
+an episode, its last turn graded as above; the records and the summary then also hold the episodes'
+figures (tool call rate, tool calls and errors per episode, accuracy with and without a tool call:
+:mod:`rlft.evaluate.episodes`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any, Sequence
 
 from rlft.data import Example
 from rlft.engines.base import SamplingSpec
+from rlft.evaluate.episodes import add_episode_figures, play_episodes
 from rlft.reward.grader import grade_batch
 from rlft.prompts import DEFAULT_PROMPT_TEMPLATE, Prompt
 from rlft.reward.formats import DEFAULT_ANSWER_FORMAT
@@ -194,6 +200,9 @@ def evaluate(
     batch_size: int | None = None,
     prompt_template: str | Prompt = DEFAULT_PROMPT_TEMPLATE,
     progress: bool = True,
+    environment: Any = None,
+    max_turns: int = 4,
+    max_episode_tokens: int | None = None,
 ) -> tuple[list[dict], dict]:
     """Generate responses for ``examples`` with ``engine`` and score them.
 
@@ -210,13 +219,17 @@ def evaluate(
         prompt_template: a registered template name, a literal with ``{question}``, or a
             :class:`~rlft.prompts.Prompt` (whose answer format the grading then uses).
         progress: show a progress bar over questions.
+        environment: a multi-turn :class:`~rlft.envs.base.Environment` (e.g. the calculator): each
+            sample is an episode of it (its opening is the prompt, with its tools), at most
+            ``max_turns`` turns and ``max_episode_tokens`` tokens after the prompt (None:
+            ``spec.max_tokens``); the last turn is graded, the response length counts the model's
+            tokens, and :func:`rlft.evaluate.episodes.add_episode_figures` adds the episodes' figures.
+            None, or a single-turn environment: one completion of the prompt per sample.
 
     Returns:
         ``(records, summary)`` as from :func:`score_responses`, the summary extended with
         ``seconds`` (generation + grading wall time) and ``examples_per_s``.
     """
-    from tqdm.auto import tqdm
-
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if batch_size is not None and batch_size < 1:
@@ -232,28 +245,47 @@ def evaluate(
 
     start = time.perf_counter()
     prompt = prompt_template if isinstance(prompt_template, Prompt) else Prompt(prompt_template)
-    prompt_ids = tokenize_prompts(tokenizer, [ex.question for ex in examples], prompt)
-    batch_size = batch_size or len(prompt_ids)
-    responses: list[list[str]] = []
-    lengths: list[list[int]] = []
-    with tqdm(total=len(examples), desc="eval", unit="q", disable=not progress, dynamic_ncols=True) as bar:
-        for lo in range(0, len(prompt_ids), batch_size):
-            batch = prompt_ids[lo:lo + batch_size]
-            outputs = engine.generate(batch, spec)
-            if len(outputs) != len(batch):
-                raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(batch)} prompts")
-            for completions in outputs:
-                if len(completions) != n:
-                    raise RuntimeError(f"engine returned {len(completions)} samples for a prompt, "
-                                       f"expected n={n}")
-                responses.append([c.text for c in completions])
-                lengths.append([len(c.token_ids) for c in completions])
-            bar.update(len(batch))
+    episodes = None
+    if environment is not None and environment.multi_turn:
+        episodes = dict(environment=environment, max_turns=max_turns,
+                        max_episode_tokens=max_episode_tokens or spec.max_tokens)
+    groups = _generate(engine, tokenizer, examples, spec, prompt, batch_size or len(examples), progress, episodes)
+    responses = [[c.text for c in group] for group in groups]
+    # Generated tokens, from the engine's ids: an episode's are the model's own (tool replies left out).
+    lengths = [[c.model_tokens if episodes else len(c.token_ids) for c in group] for group in groups]
     records, summary = score_responses(examples, responses, lengths, k=k, answer_format=prompt.answer_format)
+    if episodes:
+        add_episode_figures(records, summary, groups)
     seconds = time.perf_counter() - start
     summary["seconds"] = seconds
     summary["examples_per_s"] = len(examples) / max(seconds, 1e-9)
     return records, summary
+
+
+def _generate(engine: Any, tokenizer: Any, examples: Sequence[Example], spec: SamplingSpec, prompt: Prompt,
+              batch_size: int, progress: bool, episodes: dict | None) -> list[list[Any]]:
+    """``spec.n`` completions (or, with ``episodes``, the keyword arguments of
+    :func:`rlft.evaluate.episodes.play_episodes`: episodes) per example, ``batch_size`` examples per call."""
+    from tqdm.auto import tqdm
+
+    prompt_ids = None if episodes else tokenize_prompts(tokenizer, [ex.question for ex in examples], prompt)
+    groups: list[list[Any]] = []
+    with tqdm(total=len(examples), desc="eval", unit="q", disable=not progress, dynamic_ncols=True) as bar:
+        for lo in range(0, len(examples), batch_size):
+            if episodes:
+                outputs = play_episodes(engine, tokenizer, examples[lo:lo + batch_size], spec, **episodes)
+            else:
+                outputs = engine.generate(prompt_ids[lo:lo + batch_size], spec)
+            wanted = min(batch_size, len(examples) - lo)
+            if len(outputs) != wanted:
+                raise RuntimeError(f"engine returned {len(outputs)} outputs for {wanted} prompts")
+            for completions in outputs:
+                if len(completions) != spec.n:
+                    raise RuntimeError(f"engine returned {len(completions)} samples for a prompt, "
+                                       f"expected n={spec.n}")
+                groups.append(list(completions))
+            bar.update(wanted)
+    return groups
 
 
 def _atomic_write_text(path: Path, text: str) -> None:

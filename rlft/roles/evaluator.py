@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rlft.config import ConfigError, RunConfig
 from rlft.engines.base import RolloutEngine, sampling_spec
+from rlft.envs.registry import environment_record, make_environment
 from rlft.prompts import drop_long_prompts, prompt_of
 from rlft.evaluate.scoring import evaluate, write_results
 from rlft.rows import load_split
@@ -13,7 +14,8 @@ from rlft.rows import load_split
 
 class Evaluator:
     """Scores the run's eval split (`data.eval_split`, `data.eval_size`) with `engine`, greedy by
-    default (`sampling.eval_*`); each evaluation is written to OUT/eval/<name>/.  The engine stays
+    default (`sampling.eval_*`), as episodes of the run's multi-turn environment unless
+    `environment.evaluate_with_tools` is false; each evaluation is written to OUT/eval/<name>/.  The engine stays
     resident: weight syncs update it in place (it is the rollout role's when both share a rank)."""
 
     def __init__(self, cfg: RunConfig, engine: RolloutEngine, tokenizer, *, max_prompt_tokens: int | None = None):
@@ -30,10 +32,16 @@ class Evaluator:
                               f"positions minus the evaluation's response tokens)")
         self.examples, self.skipped = kept.examples, kept.skipped
         self.spec = sampling_spec(cfg.sampling, n=1, seed=cfg.seed, evaluation=True)
+        # With a multi-turn environment and `environment.evaluate_with_tools`, the same episodes as training.
+        e = cfg.environment
+        self.environment = (make_environment(e.name, self.prompt, e.options)
+                            if e.evaluate_with_tools and environment_record(e.name).multi_turn else None)
 
     def evaluate(self, name: str, *, progress: bool = False) -> dict:
         """Generate, grade and write OUT/eval/`name`/; returns the summary."""
+        e = self.cfg.environment
         records, summary = evaluate(self.engine, self.tokenizer, self.examples, spec=self.spec,
-                                    prompt_template=self.prompt, progress=progress)
+                                    prompt_template=self.prompt, progress=progress, environment=self.environment,
+                                    max_turns=e.max_turns, max_episode_tokens=e.episode_tokens(self.spec.max_tokens))
         write_results(Path(self.cfg.output.dir) / "eval" / name, records, summary)
         return summary

@@ -136,7 +136,7 @@ class RolloutWorker:
         episode's length, tool replies included, against its budget, `environment.max_episode_tokens`)."""
         lengths = torch.tensor([len(ids) for ids in rollout.response_ids])
         budget = self.cfg.sampling.max_tokens
-        if self.generator.environment is not None:
+        if None not in rollout.episodes:
             budget = self.cfg.environment.episode_tokens(budget)
         return overlong_outcome(self.cfg.grpo.overlong, lengths, rollout.finish_reasons, budget, self.cfg.grpo)
 
