@@ -21,6 +21,8 @@ PYTHON="${PYTHON:-python3}"; MINUTES="${MINUTES:-10}"; STAGGER="${STAGGER:-45}";
 : "${GSM8K:?set GSM8K to a directory with train.jsonl and test.jsonl}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RLFT_PROGRESS=0
 mkdir -p "$out"
+# The model is converted (a .gguf) or fetched once, before the two launches that read it.
+MODEL="$("$PYTHON" -c 'import sys; from rlft.models.loading import resolve_model_path; print(resolve_model_path(sys.argv[1]))' "$MODEL" | tail -1)"
 free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'; }
 arm() {  # NAME CONFIG
   "$PYTHON" -m deepspeed.launcher.runner --master_port "$(free_port)" --num_gpus 1 --module rlft.train_grpo \
