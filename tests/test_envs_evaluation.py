@@ -176,3 +176,20 @@ def test_rlft_evaluate_refuses_an_unusable_environment_in_one_line(taught, optio
     errors = [line for line in err.splitlines() if line.startswith("rlft.evaluate: error:")]
     assert status == 2 and len(errors) == 1 and message in errors[0], err[-2000:]
 
+
+def test_an_sft_target_is_tokenised_as_the_episode_it_describes(taught, engine):
+    """The target an SFT row would hold for each played episode (its turns, the tool's replies in
+    <tool_response> blocks) tokenises into the episode's own tokens and model mask."""
+    from rlft.envs.episodes import open_episodes, run_episodes
+    from rlft.envs.sft_targets import target_token_ids
+
+    env, tok = taught["env"], taught["tok"]
+    starts, prompt_ids = open_episodes(env, [q for q, _, _ in SCRIPT], [gt for _, gt, _ in SCRIPT], tok)
+    played = run_episodes(engine, prompt_ids, starts, greedy(), tok, env, max_turns=3, max_episode_tokens=80)
+    for start, [episode] in zip(starts, played):
+        replies = [m["content"] for m in episode.messages if m["role"] == "tool"]
+        target = "".join(f"{turn}\n<tool_response>\n{reply}\n</tool_response>\n"
+                         for turn, reply in zip(episode.turns, replies)) + episode.turns[-1]
+        ids, mask = target_token_ids(tok, start, target)
+        assert (ids + [tok.eos_token_id], mask + [1]) == (episode.token_ids, episode.model_mask), target
+    assert sum(len(e.turns) > 1 for [e] in played) == 3  # three of them called the tool
