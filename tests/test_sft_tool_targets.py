@@ -116,3 +116,24 @@ def test_sft_without_an_environment_leaves_out_rows_with_tool_replies(tmp_path, 
             ("What is 3 plus 4?", "3 + 4 = 7\n#### 7")]
     data = sft_rows(tmp_path, tok, None, rows)
     assert len(data) == 1 and data.skipped == {"tool_replies": 1} and data.token_rows is None
+
+
+def test_the_sft_feeder_takes_the_runs_environment(tmp_path, tok):
+    from conftest import write_gsm8k_dir
+    from rlft.config import load_config
+    from rlft.roles.sft_data import SFTFeeder
+
+    data = write_gsm8k_dir(tmp_path / "d", {"train": []})
+    rows = [("Natalia sold 48 clips in April and half as many in May. How many in all?", SOLUTION),
+            ("What is 3 plus 4?", "3 + 4 = 7\n#### 7")]
+    (data / "train.jsonl").write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in rows))
+    overrides = [f"data.source={data}", "data.prompt_template=chat", "reward.answer_format=boxed", "sft.batch_size=2",
+                 "optim.train_micro_batch_size=2", "sft.max_seq_len=4096"]
+    with_tools = SFTFeeder(load_config(None, [*overrides, "environment.name=calculator"]), tok)
+    batch = with_tools.next_batch()
+    masks = sorted(sum(m) for _, _, m in with_tools.data.token_rows)
+    assert sorted(batch.response_mask.sum(-1).tolist()) == masks
+    assert sum(len(ids) for _, ids, _ in with_tools.data.token_rows) > sum(masks)  # the replies are left out
+    # The run without the calculator leaves out the row whose solution holds a tool's reply.
+    plain = SFTFeeder(load_config(None, [*overrides, "sft.batch_size=1", "optim.train_micro_batch_size=1"]), tok)
+    assert len(plain.data) == 1 and plain.data.skipped == {"tool_replies": 1}
