@@ -70,8 +70,9 @@ def greedy(n: int = 1):
 def test_evaluation_plays_episodes_and_adds_the_tool_figures(taught, engine):
     from rlft.evaluate.scoring import evaluate
 
-    records, summary = evaluate(engine, taught["tok"], examples(), spec=greedy(2), k=2, prompt_template=taught["prompt"],
-                                environment=taught["env"], max_turns=3, max_episode_tokens=80, progress=False)
+    records, summary = evaluate(engine, taught["tok"], examples(), spec=greedy(2), k=2,
+                                prompt_template=taught["prompt"], environment=taught["env"], max_turns=3,
+                                max_episode_tokens=80, progress=False)
     tok = taught["tok"]
     for record, (_, _, turns), (_, response_ids, mask) in zip(records, SCRIPT, taught["rows"]):
         # Greedy replays the taught episode: the whole of it is the transcript, its last turn is graded.
@@ -79,7 +80,8 @@ def test_evaluation_plays_episodes_and_adds_the_tool_figures(taught, engine):
         assert record["response"] == turns[-1]
         assert record["turns"] == len(turns) and record["finish_reason"] == "eos"
         assert record["tool_calls"] == len(turns) - 1
-        assert record["episodes"] == [{k: record[k] for k in ("turns", "tool_calls", "tool_errors", "finish_reason")}] * 2
+        counts = {k: record[k] for k in ("turns", "tool_calls", "tool_errors", "finish_reason")}
+        assert record["episodes"] == [counts] * 2
         assert record["response_length"] == sum(mask)  # the model's tokens, the tool's reply left out
     assert [r["answer_reward"] for r in records] == [1.0, 0.0, 1.0, 0.0, 1.0]
     assert [r["tool_errors"] for r in records] == [0, 0, 1, 0, 0]
@@ -122,9 +124,11 @@ def test_the_evaluator_role_runs_the_runs_environment_unless_told_not_to(taught,
     assert {k: summary[k] for k in FIGURES} == pytest.approx(FIGURES)
     written = json.loads((tmp_path / "eval" / "with_tools" / "summary.json").read_text())
     assert written["tool_call_rate"] == pytest.approx(3 / 5)
-    records = [json.loads(line) for line in (tmp_path / "eval" / "with_tools" / "results.jsonl").read_text().splitlines()]
+    lines = (tmp_path / "eval" / "with_tools" / "results.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
     assert [r["tool_calls"] for r in records] == [1, 0, 1, 1, 0]
-    plain = Evaluator(run_config(taught, tmp_path, evaluate_with_tools="false"), engine, taught["tok"]).evaluate("plain")
+    without = run_config(taught, tmp_path, evaluate_with_tools="false")
+    plain = Evaluator(without, engine, taught["tok"]).evaluate("plain")
     assert "tool_call_rate" not in plain and "accuracy_with_tool" not in plain
 
 
@@ -166,7 +170,26 @@ def test_rlft_evaluate_takes_the_environment_from_the_config(taught, tmp_path, m
     (["--environment", "calculator", "--prompt-template", "r1_zero"], "offers tools through the chat template"),
 ])
 def test_rlft_evaluate_refuses_an_unusable_environment_in_one_line(taught, options, message, monkeypatch, capsys):
-    status, _, err = evaluate_cli(["--model", taught["model"], "--data", f"{taught['data']}:test",
-                                   "--prompt-template", "chat", "--answer-format", "boxed", *options], monkeypatch, capsys)
+    argv = ["--model", taught["model"], "--data", f"{taught['data']}:test", "--prompt-template", "chat",
+            "--answer-format", "boxed", *options]
+    status, _, err = evaluate_cli(argv, monkeypatch, capsys)
     errors = [line for line in err.splitlines() if line.startswith("rlft.evaluate: error:")]
     assert status == 2 and len(errors) == 1 and message in errors[0], err[-2000:]
+
+
+def test_an_sft_target_is_tokenised_as_the_episode_it_describes(taught, engine):
+    """The target an SFT row would hold for each played episode (its turns, the tool's replies in
+    <tool_response> blocks) tokenises into the episode's own tokens and model mask."""
+    from rlft.envs.episodes import open_episodes, run_episodes
+    from rlft.envs.sft_targets import target_token_ids
+
+    env, tok = taught["env"], taught["tok"]
+    starts, prompt_ids = open_episodes(env, [q for q, _, _ in SCRIPT], [gt for _, gt, _ in SCRIPT], tok)
+    played = run_episodes(engine, prompt_ids, starts, greedy(), tok, env, max_turns=3, max_episode_tokens=80)
+    for start, [episode] in zip(starts, played):
+        replies = [m["content"] for m in episode.messages if m["role"] == "tool"]
+        target = "".join(f"{turn}\n<tool_response>\n{reply}\n</tool_response>\n"
+                         for turn, reply in zip(episode.turns, replies)) + episode.turns[-1]
+        ids, mask = target_token_ids(tok, start, target)
+        assert (ids + [tok.eos_token_id], mask + [1]) == (episode.token_ids, episode.model_mask), target
+    assert sum(len(e.turns) > 1 for [e] in played) == 3  # three of them called the tool

@@ -124,7 +124,8 @@ def check_final_evaluation(out: Path, last: dict) -> None:
     for key in ("tool_call_rate", "tool_calls_per_episode", "tool_errors", "accuracy_with_tool",
                 "accuracy_without_tool"):
         assert key in summary, summary
-    records = [json.loads(line) for line in (out / "eval" / f"step_{STEPS:06d}" / "results.jsonl").read_text().splitlines()]
+    lines = (out / "eval" / f"step_{STEPS:06d}" / "results.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
     with_tool = [r for r in records if r["tool_calls"]]
     assert summary["tool_call_rate"] == len(with_tool) / 4 >= 0.75, summary  # greedy, after training
     assert all("<tool_response>" in r["transcript"] for r in with_tool)

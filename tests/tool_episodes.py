@@ -45,8 +45,7 @@ def script_episode(env, tok, question: str, turns: list[str], ground_truth: str 
             break
         result = env.step(state, text)
         assert not result.done, f"the environment ended the episode after turn {i + 1}: {text!r}"
-        reply = reply_token_ids(tok, history + [{"role": "assistant", "content": text}], start.tools,
-                                result.messages)
+        reply = reply_token_ids(tok, history, start.tools, result.messages)
         history += [{"role": "assistant", "content": text}, *result.messages]
         ids += reply
         mask += [0] * len(reply)

@@ -12,4 +12,6 @@
                    caps (EpisodeResult); the batch takes the masks (build_rollout_batch's
                    response_token_masks), so the loss sees only the model's tokens
     metrics.py     per-step metrics and readable samples of episodes
+    sft_targets.py SFT targets holding tool calls and <tool_response> replies, tokenised as the episode
+                   they describe (the replies as the chat template's tokens, out of the loss)
 """

@@ -379,6 +379,21 @@ def drop_long_questions(sets: list[tuple[DataSpec, list]], tokenizer, model_path
     return kept, skipped
 
 
+def evaluate_set(args: argparse.Namespace, engine, tokenizer, examples: list, spec) -> tuple[list[dict], dict]:
+    """One set's records and summary (:func:`rlft.evaluate.scoring.evaluate`), as episodes of the
+    environment when there is one (its name and caps then in the summary)."""
+    from rlft.evaluate.scoring import evaluate
+
+    env, e = args.episodes
+    budget = e.episode_tokens(spec.max_tokens)
+    records, summary = evaluate(engine, tokenizer, examples, spec=spec, k=args.k, batch_size=args.batch_size,
+                                prompt_template=args.prompt, progress=not args.no_progress, environment=env,
+                                max_turns=e.max_turns, max_episode_tokens=budget)
+    if env is not None:
+        summary.update(environment=args.environment or e.name, max_turns=e.max_turns, max_episode_tokens=budget)
+    return records, summary
+
+
 def main(argv: list[str] | None = None) -> int:
     prepare_engines()  # before anything looks at CUDA or imports an engine
     args = build_parser().parse_args(argv)
@@ -392,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rlft.engines import EngineUnavailable, resolve_backend
-    from rlft.evaluate.scoring import evaluate, write_results
+    from rlft.evaluate.scoring import write_results
     from rlft.models.loading import load_tokenizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -423,21 +438,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     with engine:  # closes the engine (vLLM's worker processes) however evaluation ends
         for data, examples in sets:
-            if args.out:
-                out_dir = Path(args.out) / data.label if len(sets) > 1 else Path(args.out)
-            else:
-                out_dir = default_out_dir(args.model, data.label)
+            out_dir = ((Path(args.out) / data.label if len(sets) > 1 else Path(args.out)) if args.out
+                       else default_out_dir(args.model, data.label))
             print(f"{PROG}: {args.model} on {data.source}:{data.split} ({len(examples)} questions, k={args.k}, "
                   f"temperature={spec.temperature}, max_tokens={spec.max_tokens}, device={device})",
                   file=sys.stderr)
-            env, e = args.episodes
-            records, summary = evaluate(engine, tokenizer, examples, spec=spec, k=args.k,
-                                        batch_size=args.batch_size, prompt_template=args.prompt,
-                                        progress=not args.no_progress, environment=env, max_turns=e.max_turns,
-                                        max_episode_tokens=e.episode_tokens(spec.max_tokens))
-            if env is not None:
-                summary.update(environment=args.environment or e.name, max_turns=e.max_turns,
-                               max_episode_tokens=e.episode_tokens(spec.max_tokens))
+            records, summary = evaluate_set(args, engine, tokenizer, examples, spec)
             # What produced these numbers, so a summary file stands on its own.
             summary.update(model=args.model, data=f"{data.source}:{data.split}", split=data.split,
                            engine=type(engine).__name__, backend=backend.name, device=device,
@@ -445,8 +451,6 @@ def main(argv: list[str] | None = None) -> int:
                            prompt_template=args.prompt.template, answer_format=args.prompt.answer_format,
                            skipped_prompt_too_long=skipped[data.label])
             results_path, summary_path = write_results(out_dir, records, summary)
-            print(f"\n{args.model} on {data.source}:{data.split}")
-            print(format_summary(summary))
-            print(f"results: {results_path}")
-            print(f"summary: {summary_path}")
+            print(f"\n{args.model} on {data.source}:{data.split}\n{format_summary(summary)}\nresults: {results_path}\n"
+                  f"summary: {summary_path}")
     return 0

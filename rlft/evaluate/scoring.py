@@ -230,19 +230,7 @@ def evaluate(
         ``(records, summary)`` as from :func:`score_responses`, the summary extended with
         ``seconds`` (generation + grading wall time) and ``examples_per_s``.
     """
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
-    if not examples:
-        raise ValueError("cannot evaluate an empty set of examples")
-    n = max(spec.n, k)
-    if n != spec.n:
-        spec = dataclasses.replace(spec, n=n)
-    if n > 1 and spec.temperature == 0:
-        logger.warning("greedy decoding (temperature 0) with %d samples per question: the samples "
-                       "are identical, so pass@%d equals accuracy", n, k)
-
+    spec = _checked_spec(spec, k, batch_size, len(examples))
     start = time.perf_counter()
     prompt = prompt_template if isinstance(prompt_template, Prompt) else Prompt(prompt_template)
     episodes = None
@@ -260,6 +248,24 @@ def evaluate(
     summary["seconds"] = seconds
     summary["examples_per_s"] = len(examples) / max(seconds, 1e-9)
     return records, summary
+
+
+def _checked_spec(spec: SamplingSpec, k: int, batch_size: int | None, num_examples: int) -> SamplingSpec:
+    """``spec`` with ``n`` raised to ``k`` when smaller; ValueError for a bad ``k``, ``batch_size`` or no
+    examples."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+    if not num_examples:
+        raise ValueError("cannot evaluate an empty set of examples")
+    n = max(spec.n, k)
+    if n != spec.n:
+        spec = dataclasses.replace(spec, n=n)
+    if n > 1 and spec.temperature == 0:
+        logger.warning("greedy decoding (temperature 0) with %d samples per question: the samples "
+                       "are identical, so pass@%d equals accuracy", n, k)
+    return spec
 
 
 def _generate(engine: Any, tokenizer: Any, examples: Sequence[Example], spec: SamplingSpec, prompt: Prompt,

@@ -4,22 +4,33 @@ Every training row becomes the run's prompt (`rlft.prompts.Prompt`; by default t
 in `Assistant: <think>`) followed by the target `format_sft_target(solution, prompt)` in the run's answer
 format (by default ` reasoning </think> <answer> 72 </answer>`); the policy learns the target tokens only.  The feeder lives on the sampler's rank (SFT has no
 sampler) and draws batches in a seeded, resumable order.
+
+With a multi-turn environment (`environment.name`, e.g. `calculator`) the prompt is the environment's
+opening (with its tools) and a target may hold tool calls and the tool's replies
+(`<tool_response>...</tool_response>`): it is tokenised as the episode it describes
+(`rlft.envs.sft_targets`), the replies as the chat template's tokens and out of the loss.  Without one,
+a row whose target holds a tool's reply is left out (counted as `tool_replies`): the model would learn
+to write the tool's answers itself.
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
 
-from rlft.batching.batch import RolloutBatch, tokenize_prompt_and_output
+from rlft.batching.batch import RolloutBatch, build_rollout_batch, tokenize_prompt_and_output
 from rlft.common import log
 from rlft.config import ConfigError, RunConfig
 from rlft.data import PromptSampler
+from rlft.envs.registry import environment_record, make_environment
+from rlft.envs.sft_targets import TargetError, has_tool_responses, target_token_ids
 from rlft.prompts import DEFAULT_PROMPT_TEMPLATE, Prompt, format_sft_target, prompt_of
 from rlft.rows import load_split
 
 # Reasons a training row is left out (counted and logged once).
 SKIP_NO_SOLUTION = "no_solution"  # no worked solution, or one format_sft_target cannot rewrite
 SKIP_TOO_LONG = "too_long"  # prompt + target tokens > sft.max_seq_len
+SKIP_TOOL_REPLIES = "tool_replies"  # a tool's reply in the target, and no multi-turn environment to mask it
+SKIP_BAD_TOOL_TARGET = "bad_tool_target"  # tool replies that cannot be read as an episode (TargetError)
 
 
 @dataclass
@@ -30,18 +41,21 @@ class SFTData:
     targets: list[str]
     num_tokens: list[int]  # prompt + target tokens of each pair
     skipped: dict[str, int] = field(default_factory=dict)
+    # With a multi-turn environment: each pair's (prompt ids, target ids, target mask: 0 on tool replies)
+    token_rows: list[tuple[list[int], list[int], list[int]]] | None = None
 
     def __len__(self) -> int:
         return len(self.prompts)
 
 
 def build_sft_data(examples, tokenizer, *, template: str | Prompt = DEFAULT_PROMPT_TEMPLATE, max_seq_len: int = 1024,
-                   chunk_size: int = 1024, end_with_eos: bool = False) -> SFTData:
+                   chunk_size: int = 1024, end_with_eos: bool = False, environment=None) -> SFTData:
     """Rewrite `rlft.data.Example`s into SFT pairs, dropping (and counting) unusable ones.
 
     Token counts are those `rlft.batching.batch.tokenize_prompt_and_output` will produce: the prompt
     tokenised with the tokenizer's special tokens (only what its attention mask keeps), the target
     without, plus its eos with `end_with_eos`.  A pair is kept when prompt + target tokens <= `max_seq_len`.
+    `environment`: a multi-turn environment, whose episodes the pairs are (`episode_rows`).
     """
     prompt = template if isinstance(template, Prompt) else Prompt(template)
     skipped: Counter = Counter()
@@ -51,7 +65,12 @@ def build_sft_data(examples, tokenizer, *, template: str | Prompt = DEFAULT_PROM
         if target is None:
             skipped[SKIP_NO_SOLUTION] += 1
             continue
-        pairs.append((prompt.render(ex.question, tokenizer), target))
+        if environment is None and has_tool_responses(target):
+            skipped[SKIP_TOOL_REPLIES] += 1
+            continue
+        pairs.append((ex, target) if environment is not None else (prompt.render(ex.question, tokenizer), target))
+    if environment is not None:
+        return episode_rows(pairs, tokenizer, environment, max_seq_len, end_with_eos, skipped)
     out = SFTData([], [], [], {})
     for lo in range(0, len(pairs), chunk_size):  # batched: the fast tokenizers' parallel path
         prompts, targets = zip(*pairs[lo:lo + chunk_size])
@@ -69,11 +88,45 @@ def build_sft_data(examples, tokenizer, *, template: str | Prompt = DEFAULT_PROM
     return out
 
 
+def episode_rows(pairs: list, tokenizer, environment, max_seq_len: int, end_with_eos: bool,
+                 skipped: Counter) -> SFTData:
+    """SFT pairs as episodes of `environment`: `pairs` of (example, target), the prompt the environment's
+    opening and the target tokenised by `rlft.envs.sft_targets.target_token_ids` (the eos ending the
+    last turn added with `end_with_eos`)."""
+    out = SFTData([], [], [], {}, token_rows=[])
+    for ex, target in pairs:
+        start = environment.open(ex.question, ex.ground_truth)
+        prompt_ids = start.token_ids(tokenizer)
+        try:
+            ids, mask = target_token_ids(tokenizer, start, target)
+        except TargetError:
+            skipped[SKIP_BAD_TOOL_TARGET] += 1
+            continue
+        if end_with_eos:
+            ids, mask = ids + [tokenizer.eos_token_id], mask + [1]
+        if len(prompt_ids) + len(ids) > max_seq_len:
+            skipped[SKIP_TOO_LONG] += 1
+            continue
+        out.prompts.append(start.render(tokenizer))
+        out.targets.append(target)
+        out.num_tokens.append(len(prompt_ids) + len(ids))
+        out.token_rows.append((prompt_ids, ids, mask))
+    out.skipped = dict(skipped)
+    return out
+
+
 def sft_batch(data: SFTData, indices: list[int], tokenizer, padding_side: str = "right", *,
               end_with_eos: bool = False) -> RolloutBatch:
     """The training batch of the pairs at `indices`: its `response_mask` (label-aligned: column t
     is 1 when token t+1 is a target token) selects the target tokens the loss reads, the eos that
-    ends each target included with `end_with_eos`."""
+    ends each target included with `end_with_eos`; an episode's tool replies stay out of it."""
+    if data.token_rows is not None:
+        rows = [data.token_rows[i] for i in indices]
+        special = ({} if end_with_eos
+                   else {"eos_token_id": tokenizer.eos_token_id, "bos_token_id": tokenizer.bos_token_id})
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        return build_rollout_batch([r[0] for r in rows], [r[1] for r in rows], pad_token_id=pad, **special,
+                                   padding_side=padding_side, response_token_masks=[r[2] for r in rows])
     return tokenize_prompt_and_output([data.prompts[i] for i in indices], [data.targets[i] for i in indices],
                                       tokenizer, padding_side=padding_side, append_eos=end_with_eos)
 
@@ -99,8 +152,11 @@ class SFTFeeder:
         except ValueError as e:  # e.g. no usable row at all
             raise ConfigError(f"data.source: {e}") from None
         max_seq_len = min(cfg.sft.max_seq_len, context or cfg.sft.max_seq_len)
+        e = cfg.environment
+        environment = (make_environment(e.name, prompt_of(cfg), e.options)
+                       if environment_record(e.name).multi_turn else None)
         data = build_sft_data(loaded.examples, tokenizer, template=prompt_of(cfg), max_seq_len=max_seq_len,
-                              end_with_eos=cfg.sft.end_with_eos)
+                              end_with_eos=cfg.sft.end_with_eos, environment=environment)
         data.skipped = dict(Counter(loaded.skipped) + Counter(data.skipped))
         if not len(data):
             reasons = ", ".join(f"{k}={v}" for k, v in sorted(data.skipped.items()))
