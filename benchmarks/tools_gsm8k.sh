@@ -28,7 +28,7 @@ arm() {  # NAME CONFIG
   "$PYTHON" -m deepspeed.launcher.runner --master_port "$(free_port)" --num_gpus 1 --module rlft.train_grpo \
     --config "$2" model.path="$MODEL" data.source="$GSM8K" sampling.backend=vllm seed=0 \
     schedule.steps=1000 schedule.time_limit_minutes="$MINUTES" schedule.evaluate_at_start=true \
-    schedule.evaluate_freq=0 schedule.save_every=0 output.save_at_end=false \
+    schedule.evaluate_freq=0 schedule.save_every=0 \
     sampling.vllm.kv_cache_memory_bytes="$KV_BYTES" sampling.vllm.gpu_memory_utilization=0.2 \
     output.dir="$out/$1" ${ARGS:-} > "$out/$1.log" 2>&1
   echo "[tools_gsm8k $(date +%H:%M:%S)] $1 exited $?" | tee -a "$out/phases.log"
