@@ -36,6 +36,8 @@ CASES = [
     ("boxed", "So \\boxed{18}, i.e. \\boxed{18.0}", "18", RIGHT),  # the same number twice
     ("boxed", "The answer is 18.", "18", NO_FORMAT),
     ("boxed", "The answer is \\boxed{18", "18", NO_FORMAT),  # the box never closes
+    ("boxed", "The answer is \\boxed{18}}.", "18", NO_FORMAT),  # the box closed twice
+    ("boxed", "The answer is \\boxed{18}.}.}", "18", RIGHT),  # text after the answer, however odd
     ("boxed", "</think> <answer> 18 </answer>", "18", NO_FORMAT),
     # gsm8k: a last line "#### N".
     ("gsm8k", "Natalia sold 48/2 = 24 clips in May.\n#### 72", "72", RIGHT),

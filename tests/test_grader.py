@@ -138,7 +138,7 @@ def test_no_free_credit(answer, ground_truth, fast):
 
 # Edges of the number forms: the length cap counts the answer without the spaces around it; spaces
 # may group thousands; "~" before the number is "about" (after it, LaTeX's unbreakable space); a box
-# followed by a brace it never opened is no answer.  Each of the first list was refused and each of
+# closed twice is no answer.  Each of the first list was refused and each of
 # the second credited before.
 EDGES_CREDITED = [
     ("18" + " " * 1001, "18"),
@@ -157,7 +157,8 @@ EDGES_REFUSED = [
     ("$\\sim 18$", "18"),
     ("about 18", "18"),
     ("\\boxed{18}}", "18"),
-    ("The answer is \\boxed{18}}.", "18"),
+    ("The answer is \\boxed{18} }.", "18"),
+    ("\\boxed{\\boxed{18}}}", "18"),
     ("1 00", "100"),  # no thousands grouping
     ("1 000/2", "500"),  # a grouped numerator is no fraction
     ("18" + "\\," * 500, "18"),  # 1002 characters of answer: over the cap

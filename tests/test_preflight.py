@@ -198,6 +198,7 @@ def test_train_sh_refuses_an_unreachable_hub_id_at_once(tmp_path):
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2, res.stderr
     # One line: no rank started (the launch would announce its ranks first), and nothing was written.
-    (line,) = res.stderr.splitlines()
-    assert line.startswith("rlft: config error: model.path: org/doesnotexist is not in the local Hugging Face cache")
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("rlft: config error: model.path: org/doesnotexist is not in the local Hugging Face cache")
     assert not out.exists()

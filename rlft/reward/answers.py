@@ -52,33 +52,21 @@ def _box_starts(text: str) -> list[int]:
     return sorted(m.start() for m in re.finditer(r"\\(?:boxed|fbox)", text))
 
 
-def _closes_unopened(text: str) -> bool:
-    """Whether ``text`` closes a brace it never opened (escaped ``\\{`` ``\\}`` aside)."""
-    depth = 0
-    for i, ch in enumerate(text):
-        if ch in "{}" and i and text[i - 1] == "\\":
-            continue
-        depth += 1 if ch == "{" else -1 if ch == "}" else 0
-        if depth < 0:
-            return True
-    return False
-
-
 def extract_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced.
 
     ``\\boxed 18`` (no braces) yields ``"18"``. Returns None when there is no box, its braces
-    never close, or the text after it closes a brace it never opened (``\\boxed{18}}``).
+    never close, or it is closed twice (``\\boxed{18}}``: what was boxed is unclear).
     """
     starts = _box_starts(text)
     if not starts:
         return None
-    outer, end = 0, 0  # the last box not inside another one, and where it ends
+    end = 0  # where the last box not inside another one ends
     for start in starts:
         if start >= end:
-            outer, end = start, _read_box(text, start)[1]
+            end = _read_box(text, start)[1]
     content = _read_box(text, starts[-1])[0]
-    return None if content is None or _closes_unopened(text[outer:]) else content
+    return None if content is None or text[end:].lstrip().startswith("}") else content
 
 
 def distinct_candidates(text: str) -> list[str]:

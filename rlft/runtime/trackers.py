@@ -13,8 +13,9 @@ metric of its own (W&B would drop steps lower than the highest it saw).
 from __future__ import annotations
 
 import html
-import secrets
 import os
+import secrets
+import time
 from pathlib import Path
 
 
@@ -96,8 +97,6 @@ class MLflowSink:
 
     def scalars(self, step: int, metrics: dict[str, float]) -> None:
         from mlflow.entities import Metric
-
-        import time
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
