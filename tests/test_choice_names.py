@@ -21,6 +21,9 @@ REGISTRIES = {"rlft/grpo/choices.py", "rlft/config/launchers.py"}
 UNRELATED = {
     ("rlft/config/checks.py", "o.lr_schedule in"): "optim.lr_schedule's own values (constant | cosine)",
     ("rlft/bench/trl_baseline.py", 'kwargs.get("scale_rewards")'): "TRL's GRPOConfig.scale_rewards value",
+    ("rlft/config/role_records.py", "reference_logprobs_by(cfg, training.objective) =="): "who computes the reference log-probs, a role's name",
+    ("rlft/roles/policy.py", "reference_logprobs_by(self.cfg, self.objective) =="): "who computes the reference log-probs, a role's name",
+    ("rlft/config/topology.py", 'name == "policy"'): "the policy role's name, not an old log-probs source",
 }
 
 

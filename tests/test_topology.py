@@ -274,6 +274,7 @@ def _policy(stage: int, stages: int, replica: int = 0) -> str:
 SHIPPED_PLACEMENTS = {
     "grpo_1gpu.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
     "grpo_instruct_1gpu.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
+    "grpo_tools_1gpu.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
     "grpo_cpu_demo.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
     "sft_1gpu.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
     "sft_cpu_demo.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],

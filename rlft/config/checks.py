@@ -285,7 +285,8 @@ def _check_environment(cfg: RunConfig) -> None:
     _require(not record.needs_chat or prompt_of(cfg).is_chat,
              f"environment.name: {e.name} offers its tools through the chat template: set data.prompt_template: chat")
     budget = e.episode_tokens(cfg.sampling.max_tokens)
-    _require(not record.multi_turn or cfg.grpo.overlong != "soft_penalty" or cfg.grpo.overlong_buffer <= budget,
+    uses_buffer = "overlong_buffer" in OVERLONG_MODES[cfg.grpo.overlong].uses  # the mode's record, not its name
+    _require(not record.multi_turn or not uses_buffer or cfg.grpo.overlong_buffer <= budget,
              f"grpo.overlong_buffer: {cfg.grpo.overlong_buffer} tokens is more than an episode may have "
              f"(environment.max_episode_tokens: {budget})")
 
