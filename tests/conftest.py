@@ -14,12 +14,15 @@ GSM8K_FIXTURE = REPO / "tests" / "fixtures" / "gsm8k"
 
 def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list[str], *, steps: int = 100,
                         lr: float = 3e-3, seed: int = 0, output: str = " </think> <answer> {} </answer>",
-                        head_on_outputs_only: bool = False) -> None:
+                        head_on_outputs_only: bool = False, append_eos: bool = False,
+                        answered: dict[str, str] | None = None) -> None:
     """Fit a tiny model (in place) to answer every prompt with `output` (by default
     ` </think> <answer> A </answer>`), where A is drawn from `answers` with equal weight: sampling then
     gives a mix of right and wrong answers in the right format.  `head_on_outputs_only`: the same loss,
     with the output head applied at the output's positions only (for a large vocabulary, where the
-    head over the prompt's positions costs most of each step)."""
+    head over the prompt's positions costs most of each step).  `append_eos`: each output ends with the
+    tokenizer's eos token, learnt too, so the model stops after its answer.  `answered`: more prompts,
+    each taught its one answer (as often as a prompt above is taught each of its answers)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -33,7 +36,10 @@ def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list
     outputs = [output.format(a) for a in answers]
     P = [p for p in prompts for _ in outputs]
     O = [o for _ in prompts for o in outputs]
-    batch = tokenize_prompt_and_output(P, O, tok)
+    for prompt, answer in (answered or {}).items():
+        P += [prompt] * len(outputs)
+        O += [output.format(answer)] * len(outputs)
+    batch = tokenize_prompt_and_output(P, O, tok, append_eos=append_eos)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     mask = batch.response_mask
     for _ in range(steps):

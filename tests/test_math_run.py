@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "launch" / "configs" / "grpo_cpu_tiny.yaml"
 MATH_SMALL = REPO / "tests" / "fixtures" / "math_small"
-# The two answers the tiny model is taught to box, and what they are worth.
+# The two answers the tiny model is taught to box (each then the end of its text), and what they are worth.
 TAUGHT = {"3": Fraction(3), "\\frac{1}{2}": Fraction(1, 2)}
 VALUES = {**TAUGHT, "0.5": Fraction(1, 2)}
 
@@ -43,10 +43,13 @@ def math_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("math")
     model = tiny_model_dir(root / "model", family="llama", num_layers=4, tie_word_embeddings=True)
-    # Taught to box 3 or \frac{1}{2} (on half the problems; it carries over to the rest): the problems
-    # whose answer is one of them get groups of mixed rewards, the others are never solved.
+    # Taught to box 3 or \frac{1}{2} and stop (on half the problems; it carries over to the rest): the
+    # problems whose answer is one of them get groups of mixed rewards, the others are never solved. The
+    # held-out problems worth one of them are taught that one, in the form \frac{1}{2} where the gold is 0.5.
+    held_out = {format_prompt(r["problem"], "r1_short"): answer for r in read_rows("test")
+                for answer, value in TAUGHT.items() if VALUES.get(last_box(r["solution"])) == value}
     teach_answer_format(model, [format_prompt(r["problem"], "r1_short") for r in read_rows("train")[:8]],
-                        list(TAUGHT), steps=100, output=" </think> \\boxed{{{}}}")
+                        list(TAUGHT), steps=200, output=" </think> \\boxed{{{}}}", append_eos=True, answered=held_out)
     out = root / "run"
     common = [f"model.path={model}", f"data.source={MATH_SMALL}", f"output.dir={out}",
               "data.fields.question=problem", "data.fields.gold=solution", "data.fields.gold_kind=boxed",
@@ -77,8 +80,6 @@ def test_the_renamed_fields_give_latex_golds(math_run):
     assert records[0]["ground_truth"] == "\\frac{1}{2}"
 
 
-@pytest.mark.xfail(reason="since the branches merged, the tiny taught model's rollouts on this fixture earn no credit on "
-                          "the golds the test counts on; the cause is not yet found (issue 38's note)", strict=False)
 def test_the_evaluation_grades_latex_golds_strictly_and_leniently(math_run):
     out, last = math_run["out"], math_run["steps"][-1]
     records = [json.loads(line) for line in (out / "eval" / "step_000006" / "results.jsonl").read_text().splitlines()]
@@ -94,8 +95,6 @@ def test_the_evaluation_grades_latex_golds_strictly_and_leniently(math_run):
     assert last["eval/accuracy"] == summary["accuracy"] and last["eval/accuracy_lenient"] == summary["accuracy_lenient"]
 
 
-@pytest.mark.xfail(reason="since the branches merged, the tiny taught model's rollouts on this fixture earn no credit on "
-                          "the golds the test counts on; the cause is not yet found (issue 38's note)", strict=False)
 def test_the_difficulty_order_rests_prompts_by_their_rollouts(math_run):
     steps, out = math_run["steps"], math_run["out"]
     assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6]
