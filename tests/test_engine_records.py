@@ -28,16 +28,20 @@ MIB_256 = 268435456
 # ---------------------------------------------------------------- the options that reach the engine
 
 # What rlft.runtime.build.vllm_options built for the shipped configs before the records carried it
-# (written out by hand): the same keyword arguments reach vLLM.
+# (written out by hand), as sleep_mode auto and a share left null change it: before the memory plan
+# settles auto the engine is built able to sleep, and without a budget from the plan it takes 0.85 of
+# its GPU (tests/test_memory_plan.py: the budget beside the policy).
 SHIPPED_VLLM_OPTIONS = {
     ("grpo_1gpu.yaml", "cuda"): {"enforce_eager": False, "max_model_len": None, "enable_sleep_mode": True,
-                                 "gpu_memory_utilization": 0.3},
+                                 "gpu_memory_utilization": 0.85},
     ("grpo_1gpu.yaml", "cpu"): {"enforce_eager": True, "max_model_len": None, "enable_sleep_mode": False,
                                 "kv_cache_memory_bytes": MIB_256},
-    ("grpo_cpu_tiny.yaml", "cuda"): {"enforce_eager": False, "max_model_len": None, "enable_sleep_mode": False,
+    ("grpo_cpu_tiny.yaml", "cuda"): {"enforce_eager": False, "max_model_len": None, "enable_sleep_mode": True,
                                      "gpu_memory_utilization": 0.85},
     ("grpo_cpu_tiny.yaml", "cpu"): {"enforce_eager": True, "max_model_len": None, "enable_sleep_mode": False,
                                     "kv_cache_memory_bytes": MIB_256},
+    ("grpo_2gpu.yaml", "cuda"): {"enforce_eager": False, "max_model_len": None, "enable_sleep_mode": True,
+                                 "gpu_memory_utilization": 0.35},
 }
 
 
@@ -45,6 +49,8 @@ SHIPPED_VLLM_OPTIONS = {
 def test_the_shipped_configs_give_vllm_the_options_they_gave_it_before(config, device):
     cfg = load_config(CONFIGS / config)
     assert VLLM.options(cfg, device) == SHIPPED_VLLM_OPTIONS[config, device]
+    VLLM.settle_sleep(cfg, False)  # what the memory plan made of auto: the engine is built awake
+    assert VLLM.options(cfg, device)["enable_sleep_mode"] is False
     assert HF.options(cfg, device) == {}  # HF generate takes no settings of its own (and ignored vLLM's)
 
 
@@ -65,7 +71,7 @@ def test_vllm_settings_change_its_options_as_they_say():
 def test_the_records_say_what_the_memory_plan_and_the_sync_need():
     asleep = load_config(None, ["sampling.vllm.sleep_mode=true", "sampling.vllm.gpu_memory_utilization=0.4",
                                 "sampling.vllm.max_model_len=777"])
-    awake = load_config(None)
+    awake = load_config(None, ["sampling.vllm.sleep_mode=false"])
     # vLLM holds its share of a GPU and sleeps there only; a sleeping engine may drop its weights, so
     # every sync sends them all.
     assert (VLLM.gpu_share(asleep, "cuda"), VLLM.gpu_share(asleep, "cpu")) == (0.4, 0.0)

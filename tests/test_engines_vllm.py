@@ -443,3 +443,31 @@ def test_text_decoded_after_sampling_equals_vllms_detokenizer(engine, tokenizer)
         tokenizer.pad_token_id in c.token_ids for c, _ in pairs), "no special token drawn"
     with pytest.raises(Exception, match="stop strings are only supported when detokenize is True"):
         SamplingParams(stop=["</answer>"], detokenize=False)
+
+
+@requires_vllm
+def test_the_raw_engine_baseline_times_the_same_requests_without_changing_the_rollouts(engine, tokenizer):
+    """sampling.vllm.raw_engine_baseline: each generate also runs the same requests through vLLM's own
+    LLM.generate (before rlft's on one call, after it on the next), timed; rlft's seeded completions
+    are those it gives without the baseline."""
+    engine.update_weights(helpers.random_model(tokenizer, seed=16, std=0.05).state_dict().items())
+    prompts = [helpers.encode(tokenizer, "Hi"), helpers.encode(tokenizer, "Q: 3+4=?")]
+    spec = SamplingSpec(temperature=1.0, n=2, max_tokens=5, min_tokens=5, stop=[], seed=11)
+    alone = engine.generate(prompts, spec)
+    engine.raw_engine_baseline = True
+    try:
+        calls = []
+        real = engine.llm.generate
+
+        def counted(requests, params, use_tqdm=False):
+            calls.append(params[0].detokenize)  # rlft's asks for token ids alone, the raw engine's for text
+            return real(requests, params, use_tqdm=use_tqdm)
+
+        engine.llm.generate = counted
+        assert engine.generate(prompts, spec) == alone  # raw first
+        assert engine.generate(prompts, spec) == alone  # rlft's first
+        assert calls == [True, False, False, True]
+        assert len(engine.raw_engine_seconds) == 2 and all(s > 0 for s in engine.raw_engine_seconds)
+    finally:
+        del engine.llm.generate
+        engine.raw_engine_baseline, engine.raw_engine_seconds = False, []

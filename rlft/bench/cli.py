@@ -229,13 +229,23 @@ def trl_prompts(cfg, steps: int) -> list[dict]:
              "ground_truth": examples[i].ground_truth} for i in order]
 
 
+# TRL's vLLM colocated beside its trainer takes this share of the GPU where rlft's engine has none set
+# (its KV cache then sized from the step, which TRL cannot do).
+TRL_COLOCATE_SHARE = 0.3
+
+
+def trl_vllm_options(cfg) -> dict:
+    """The settings rlft's vLLM engine takes from the config, for TRL's colocated one."""
+    return {**VLLM.options(cfg, "cuda"), "gpu_memory_utilization": VLLM.gpu_share(cfg, "cuda") or TRL_COLOCATE_SHARE}
+
+
 def trl_spec(cfg, w: Workload, *, steps: int, use_gpu: bool, nproc: int, out_dir: Path) -> dict:
     """What TRL's baseline runs; on a GPU it generates with vLLM colocated, with the settings rlft's
     vLLM engine takes from the config (its record's options: share of the GPU, sleep mode)."""
     return {
         "model": cfg.model.path, "steps": steps, "seed": cfg.seed, "out_dir": str(out_dir),
         "gpu": use_gpu, "bf16": policy_dtype(cfg, use_gpu) == "bfloat16", "num_processes": nproc,
-        "use_vllm": use_gpu, "vllm_options": VLLM.options(cfg, "cuda") if use_gpu else {},
+        "use_vllm": use_gpu, "vllm_options": trl_vllm_options(cfg) if use_gpu else {},
         "activation_checkpointing": cfg.model.activation_checkpointing,
         "workload": dataclasses.asdict(w),
         "sampling": dataclasses.asdict(cfg.sampling), "optim": dataclasses.asdict(cfg.optim),

@@ -41,6 +41,8 @@ from rlft.engines.records import (
     AUTO,
     BACKENDS,
     Backend,
+    GpuBudget,
+    StepShape,
     backend_choices,
     backend_record,
     candidates,

@@ -29,6 +29,52 @@ logger = logging.getLogger(__name__)
 AUTO = "auto"  # the first registered backend that is usable for the model and device
 
 
+# What an engine beside the policy on one GPU needs besides its KV cache: CUDA graphs, the sampling
+# activations of a batch of vLLM's default size, the CUDA context (measured on an H200: 1.5-2.5 GiB).
+ENGINE_OVERHEAD_BYTES = 3 << 30
+# The KV cache sized from a step holds this much more than the step's sequences need.
+KV_MARGIN = 0.25
+KV_BLOCK_TOKENS = 16  # a sequence's last block of the cache is partly empty
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one step asks of an engine on the policy's GPU: `sequences` at once, each at most
+    `tokens` long (the longest prompt and the response budget), `kv_bytes_per_token` (keys and values
+    of every layer), the model's `weight_bytes` and its context (`context_tokens`: one sequence that
+    long must fit, as vLLM checks at start)."""
+
+    sequences: int
+    tokens: int
+    kv_bytes_per_token: int
+    weight_bytes: int
+    context_tokens: int = 0
+
+    @property
+    def kv_bytes(self) -> int:
+        """The KV cache the step needs, `KV_MARGIN` more, and never less than one whole context."""
+        need = self.sequences * (self.tokens + KV_BLOCK_TOKENS) * self.kv_bytes_per_token * (1 + KV_MARGIN)
+        return int(max(need, (self.context_tokens + KV_BLOCK_TOKENS) * self.kv_bytes_per_token))
+
+
+@dataclass(frozen=True)
+class GpuBudget:
+    """An engine's memory on its GPU: `share` of it (what the memory plan counts) and, where its KV cache
+    is sized from the step rather than from the share, that cache's bytes (`kv_cache_bytes`)."""
+
+    share: float
+    kv_cache_bytes: int | None = None
+
+    def describe(self, total_bytes: int) -> str:
+        gib = 2**30
+        text = f"{self.share * total_bytes / gib:.1f} GiB ({self.share:.2f} of the GPU)"
+        return text + (f", KV cache {self.kv_cache_bytes / gib:.1f} GiB sized from the step"
+                       if self.kv_cache_bytes is not None else "")
+
+
+NO_BUDGET = GpuBudget(0.0)
+
+
 @dataclass(frozen=True)
 class Backend:
     """A rollout engine as ``sampling.backend`` names it, with everything the launch needs to know
@@ -81,8 +127,9 @@ class Backend:
         :class:`~rlft.engines.base.EngineSettingError` (one line, with the settings that fix it)
         instead of the engine's own failed start."""
 
-    def options(self, cfg: Any, device_type: str) -> dict:
-        """The engine's keyword arguments from the run's config, on a device of ``device_type``."""
+    def options(self, cfg: Any, device_type: str, budget: GpuBudget | None = None) -> dict:
+        """The engine's keyword arguments from the run's config, on a device of ``device_type``, within
+        ``budget`` where the memory plan gave it one (:meth:`gpu_budget`)."""
         return {}
 
     def evaluation_options(self, device_type: str, *, gpu_share: float) -> dict:
@@ -103,13 +150,26 @@ class Backend:
     # -------------------------------------------------- memory and the weight sync
 
     def gpu_share(self, cfg: Any, device_type: str) -> float:
-        """The fraction of a GPU the engine holds while awake (0: none fixed; it allocates as it goes
-        in the rank's own memory); the memory plan counts it beside a policy on the same GPU."""
+        """The fraction of a GPU the engine holds while awake as its settings give it (0: none fixed, or
+        sized from the step where it shares the policy's GPU: :meth:`gpu_budget`)."""
         return 0.0
 
+    def gpu_budget(self, cfg: Any, device_type: str, *, step: StepShape | None, total_bytes: int) -> GpuBudget:
+        """The engine's memory on a GPU of ``total_bytes``: beside the policy, ``step`` says what a step
+        needs (None: the engine has the GPU to itself, or serves evaluations only)."""
+        return NO_BUDGET
+
     def sleeps(self, cfg: Any, device_type: str) -> bool:
-        """The engine gives its memory back while the policy trains (between sampling and the next sync)."""
+        """The engine gives its memory back while the policy trains (between sampling and the next sync);
+        with a setting of ``auto``, as settled at start (:meth:`settle_sleep`)."""
         return False
+
+    def sleep_is_auto(self, cfg: Any) -> bool:
+        """The run leaves sleeping to the memory plan (its setting is ``auto``, not yet settled)."""
+        return False
+
+    def settle_sleep(self, cfg: Any, sleeps: bool) -> None:
+        """An ``auto`` sleep setting becomes ``sleeps`` (the memory plan's decision, on every rank)."""
 
     def sync_complete(self, cfg: Any, device_type: str) -> bool:
         """Every sync must send every weight, not only those that changed (LoRA's adapted ones):

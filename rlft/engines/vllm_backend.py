@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlft.engines.base import EngineSettingError, EngineUnavailable
-from rlft.engines.records import Backend, register_backend
+from rlft.engines.records import ENGINE_OVERHEAD_BYTES, Backend, GpuBudget, StepShape, register_backend
 
 # Oldest and first-unsupported vLLM versions. Relied on: LLM(worker_extension_cls=...),
 # LLM.collective_rpc, LLM.reset_prefix_cache, LLM.sleep / LLM.wake_up, TokensPrompt,
@@ -27,6 +27,10 @@ SUPPORTED_VLLM_RANGE = f">={VLLM_MIN_VERSION},<{VLLM_MAX_VERSION}"
 
 CPU_KV_CACHE_BYTES = 256 << 20  # vLLM cannot size its KV cache from free memory on CPU: this, unless set
 SECTION = "sampling.vllm"  # the config's keys for this engine, as messages name them
+OWN_GPU_SHARE = 0.85  # gpu_memory_utilization's default on a GPU the engine does not share with the policy
+# gpu_memory_utilization's default for an engine that serves evaluations only on the policy's GPU (SFT's)
+EVALUATOR_SHARE = 0.3
+AUTO = "auto"
 
 
 def installed_vllm_version() -> str | None:
@@ -115,12 +119,14 @@ class VLLMBackend(Backend):
     def check_settings(self, sampling: Any) -> None:
         v = sampling.vllm
         for ok, message in (
-            (0 < v.gpu_memory_utilization <= 1,
-             f"gpu_memory_utilization: must be in (0, 1], got {v.gpu_memory_utilization}"),
+            (v.gpu_memory_utilization is None or 0 < v.gpu_memory_utilization <= 1,
+             f"gpu_memory_utilization: must be in (0, 1] or null (sized from the step), got {v.gpu_memory_utilization}"),
             (v.max_model_len is None or v.max_model_len >= 1,
              f"max_model_len: must be >= 1 or null, got {v.max_model_len}"),
             (v.kv_cache_memory_bytes is None or v.kv_cache_memory_bytes >= 1,
              f"kv_cache_memory_bytes: must be >= 1 or null, got {v.kv_cache_memory_bytes}"),
+            (isinstance(v.sleep_mode, bool) or v.sleep_mode == AUTO,
+             f"sleep_mode: must be true, false or auto, got {v.sleep_mode!r}"),
         ):
             if not ok:
                 raise EngineSettingError(f"{SECTION}.{message}")
@@ -137,14 +143,20 @@ class VLLMBackend(Backend):
         if device_type == "cpu":
             check_cpu_kv_cache(cfg.sampling.vllm, model_path, dtype)
 
-    def options(self, cfg: Any, device_type: str) -> dict:
+    def options(self, cfg: Any, device_type: str, budget: GpuBudget | None = None) -> dict:
         v, on_gpu = cfg.sampling.vllm, device_type == "cuda"
+        # auto builds the engine able to sleep: the first steps may revise the start's decision
         opts = {"enforce_eager": (not on_gpu) if v.enforce_eager is None else v.enforce_eager,
-                "max_model_len": v.max_model_len, "enable_sleep_mode": self.sleeps(cfg, device_type)}
+                "max_model_len": v.max_model_len,
+                "enable_sleep_mode": on_gpu and (v.sleep_mode is True or v.sleep_mode == AUTO)}
         if on_gpu:
-            opts["gpu_memory_utilization"] = v.gpu_memory_utilization
-        if v.kv_cache_memory_bytes is not None or device_type == "cpu":
-            opts["kv_cache_memory_bytes"] = v.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES
+            opts["gpu_memory_utilization"] = (budget.share if budget is not None and budget.share else
+                                              v.gpu_memory_utilization or OWN_GPU_SHARE)
+        kv = budget.kv_cache_bytes if budget is not None and on_gpu else None
+        if kv is not None or v.kv_cache_memory_bytes is not None or device_type == "cpu":
+            opts["kv_cache_memory_bytes"] = kv or v.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES
+        if v.raw_engine_baseline:
+            opts["raw_engine_baseline"] = True
         return opts
 
     def evaluation_options(self, device_type: str, *, gpu_share: float) -> dict:
@@ -158,10 +170,28 @@ class VLLMBackend(Backend):
         return super().build(model_path, **common)
 
     def gpu_share(self, cfg: Any, device_type: str) -> float:
-        return cfg.sampling.vllm.gpu_memory_utilization if device_type == "cuda" else 0.0
+        return (cfg.sampling.vllm.gpu_memory_utilization or 0.0) if device_type == "cuda" else 0.0
+
+    def gpu_budget(self, cfg: Any, device_type: str, *, step: StepShape | None, total_bytes: int) -> GpuBudget:
+        v = cfg.sampling.vllm
+        if device_type != "cuda":
+            return GpuBudget(0.0)
+        if v.gpu_memory_utilization is not None:
+            return GpuBudget(v.gpu_memory_utilization, v.kv_cache_memory_bytes)
+        if step is None:
+            return GpuBudget(EVALUATOR_SHARE, v.kv_cache_memory_bytes)
+        kv = v.kv_cache_memory_bytes or step.kv_bytes
+        return GpuBudget(min(1.0, (step.weight_bytes + kv + ENGINE_OVERHEAD_BYTES) / total_bytes), kv)
 
     def sleeps(self, cfg: Any, device_type: str) -> bool:
-        return cfg.sampling.vllm.sleep_mode and device_type == "cuda"
+        return cfg.sampling.vllm.sleep_mode is True and device_type == "cuda"
+
+    def sleep_is_auto(self, cfg: Any) -> bool:
+        return cfg.sampling.vllm.sleep_mode == AUTO
+
+    def settle_sleep(self, cfg: Any, sleeps: bool) -> None:
+        if self.sleep_is_auto(cfg):
+            cfg.sampling.vllm.sleep_mode = bool(sleeps)
 
     def sync_complete(self, cfg: Any, device_type: str) -> bool:
         # Asleep at level 2 (rlft.roles.rollout.RolloutWorker.sleep_level) the engine drops its weights.
@@ -169,9 +199,10 @@ class VLLMBackend(Backend):
 
     def memory_advice(self, cfg: Any) -> list[str]:
         v = cfg.sampling.vllm
-        advice = [] if v.sleep_mode else [
+        advice = [] if v.sleep_mode is True else [
             f"{self.sleep_setting}: true (the vLLM engines give their memory back while the policy trains)"]
-        return advice + [f"a lower {self.gpu_share_setting} (now {v.gpu_memory_utilization})"]
+        share = ("now sized from the step" if v.gpu_memory_utilization is None else f"now {v.gpu_memory_utilization}")
+        return advice + [f"a lower {self.gpu_share_setting} ({share})"]
 
 
 def check_cpu_kv_cache(v: Any, model_path: str, dtype: str) -> None:
@@ -179,17 +210,12 @@ def check_cpu_kv_cache(v: Any, model_path: str, dtype: str) -> None:
     set) and refuses to start when one sequence of ``max_model_len`` (by default the model's whole
     context) does not fit; say so in one line, with the settings that fix it, instead of vLLM's
     failed start.  ``v``: the config's ``sampling.vllm``."""
-    from rlft.models.loading import context_length, load_hf_config
+    from rlft.models.loading import context_length, kv_bytes_per_token
 
-    c = load_hf_config(model_path)
-    c = getattr(c, "text_config", None) or c
-    layers, heads = getattr(c, "num_hidden_layers", None), getattr(c, "num_attention_heads", None)
+    per_token = kv_bytes_per_token(model_path, dtype)
     positions = context_length(model_path, v.max_model_len)
-    if not (isinstance(layers, int) and isinstance(heads, int) and positions):
+    if not (per_token and positions):
         return
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or heads
-    per_token = 2 * layers * kv_heads * head_dim * (4 if dtype == "float32" else 2)  # keys and values
     cache = v.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES
     if positions * per_token <= cache:
         return

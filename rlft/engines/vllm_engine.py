@@ -45,6 +45,10 @@ class VLLMEngine(RolloutEngine):
             H200, a 1.5B model's 2.9 GiB loaded in 54 ms in buckets of 256 MiB, 42 ms in 1 GiB).
         sync_timeout_s: timeout of the weight-sync group and its RPCs.
         use_tqdm: vLLM's progress bar during ``generate``.
+        raw_engine_baseline: every ``generate`` also runs the same prompts through vLLM's own
+            ``LLM.generate`` with vLLM's default outputs (text, no log-probs), the two in alternating
+            order and each on an empty prefix cache; its seconds are appended to ``raw_engine_seconds``
+            (benchmarks: rlft against the raw engine, interleaved on one engine and GPU).
         llm_kwargs: passed to ``vllm.LLM`` unchanged.
     """
 
@@ -65,6 +69,7 @@ class VLLMEngine(RolloutEngine):
         bucket_bytes: int = 1 << 30,
         sync_timeout_s: float = 600.0,
         use_tqdm: bool = False,
+        raw_engine_baseline: bool = False,
         **llm_kwargs,
     ):
         check_vllm()
@@ -93,6 +98,7 @@ class VLLMEngine(RolloutEngine):
         self.enable_sleep_mode = enable_sleep_mode
         self.sync_timeout_s = sync_timeout_s
         self.use_tqdm = use_tqdm
+        self.raw_engine_baseline, self.raw_engine_seconds, self._raw_calls = raw_engine_baseline, [], 0
 
         kwargs = dict(
             model=model_path,
@@ -158,7 +164,12 @@ class VLLMEngine(RolloutEngine):
             for i in range(len(prompt_token_ids))
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids]
+        raw_first = self.raw_engine_baseline and self._raw_calls % 2 == 0  # A/B, then B/A, ...
+        if raw_first:
+            self._raw_generate(prompts, params)
         outputs = self.llm.generate(prompts, params, use_tqdm=self.use_tqdm)
+        if self.raw_engine_baseline and not raw_first:
+            self._raw_generate(prompts, params)
         groups = [
             [_completion(o) for o in sorted(request.outputs, key=lambda o: o.index)]
             for request in outputs
@@ -166,6 +177,23 @@ class VLLMEngine(RolloutEngine):
         if not detokenize:
             decode_texts(self.llm.get_tokenizer(), [c for group in groups for c in group])
         return groups
+
+    def _raw_generate(self, prompts: list, params: list) -> None:
+        """The same requests through ``LLM.generate`` with vLLM's default outputs, on an empty prefix
+        cache (as a step's rollouts start after a sync), timed into ``raw_engine_seconds``."""
+        import time
+
+        from vllm import SamplingParams
+
+        plain = [SamplingParams(n=p.n, temperature=p.temperature, top_p=p.top_p, min_tokens=p.min_tokens,
+                                max_tokens=p.max_tokens, stop=p.stop or None, repetition_penalty=p.repetition_penalty,
+                                seed=p.seed) for p in params]
+        self.llm.reset_prefix_cache()
+        start = time.perf_counter()
+        self.llm.generate(prompts, plain, use_tqdm=False)
+        self.raw_engine_seconds.append(time.perf_counter() - start)
+        self._raw_calls += 1
+        self.llm.reset_prefix_cache()
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -337,3 +337,16 @@ def context_length(path: str, max_model_len: int | None = None) -> int | None:
                  None)
     limits = [v for v in (found, max_model_len) if v]
     return min(limits) if limits else None
+
+
+def kv_bytes_per_token(model_path: str, dtype: str) -> int | None:
+    """Bytes of keys and values one token takes in every layer's cache (None: the model's config
+    does not say)."""
+    c = load_hf_config(model_path)
+    c = getattr(c, "text_config", None) or c
+    layers, heads = getattr(c, "num_hidden_layers", None), getattr(c, "num_attention_heads", None)
+    if not (isinstance(layers, int) and isinstance(heads, int)):
+        return None
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or heads
+    return 2 * layers * kv_heads * head_dim * (4 if dtype == "float32" else 2)

@@ -34,6 +34,14 @@ class PromptSource:
         self.order = self.choice.build(len(self.examples), prompts_per_step, cfg.seed, d)
         self._position = {ex.index: p for p, ex in enumerate(self.examples)}
 
+    def longest_prompt(self, tokenizer, cfg: RunConfig, chunk_size: int = 1024) -> int:
+        """The most tokens any training prompt has, as the engine receives it."""
+        prompt, longest = prompt_of(cfg), 0
+        for lo in range(0, len(self.examples), chunk_size):
+            ids = prompt.encode([ex.question for ex in self.examples[lo:lo + chunk_size]], tokenizer)
+            longest = max(longest, *(len(p) for p in ids))
+        return longest
+
     @property
     def per_step(self) -> int:
         return self.order.batch_size

@@ -28,14 +28,18 @@ class RolloutWorker:
     """Draws each step's prompts (seeded, resumable), samples `group_size` responses per prompt
     with `engine`, grades them and turns them into the policy's batch."""
 
-    def __init__(self, cfg: RunConfig, engine: RolloutEngine, tokenizer, *, max_prompt_tokens: int | None = None):
+    def __init__(self, cfg: RunConfig, engine: RolloutEngine, tokenizer, *, max_prompt_tokens: int | None = None,
+                 prompts: PromptSource | None = None):
         """`max_prompt_tokens`: rows whose prompt is longer are skipped and counted at load time
-        (the model's positions minus the response budget; None = no limit)."""
+        (the model's positions minus the response budget; None = no limit).  `prompts`: the training
+        prompts when they were loaded already (to size the engine's cache from the longest)."""
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.group_size = cfg.grpo.group_size
         self.generator = RolloutGenerator(cfg, engine, tokenizer)
-        self.prompts = PromptSource(cfg, tokenizer, cfg.optim.rollout_batch_size // self.group_size,
-                                    max_prompt_tokens=max_prompt_tokens)
+        self.prompts = prompts or PromptSource(cfg, tokenizer, cfg.optim.rollout_batch_size // self.group_size,
+                                               max_prompt_tokens=max_prompt_tokens)
+        # An engine able to sleep that the memory plan keeps awake after the first steps (sleep_mode auto).
+        self.stays_awake = False
         self.queue = BatchQueue(cfg.schedule, self.collect, self.prompts.state_dict)
         # Asynchronous rollouts: the queue hands out the batches and collects ahead.
         self.next_batch, self.prefetch, self.weights_synced = (
@@ -83,8 +87,12 @@ class RolloutWorker:
             pool.add_round(informative_groups(torch.tensor([x["reward"] for x in part_grades]), self.group_size))
             if pool.full:
                 break
-        if self.engine.sleeps:
+        if self.engine.sleeps and not self.stays_awake:
             self.engine.sleep(level=self.sleep_level)  # give the GPU's memory to the policy until the next sync
+        raw = getattr(self.engine, "raw_engine_seconds", None)
+        if raw:  # benchmarks: the same rollouts through the engine's own generate, interleaved
+            metrics["time/sample_raw_engine"] = sum(raw)
+            self.engine.raw_engine_seconds = []
         if g.dynamic_sampling:
             metrics.update(pool.stats())
             metrics.update(all_rollouts_metrics(grades))

@@ -23,9 +23,17 @@ def build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, roll
 
     A config error found while building (e.g. too few usable training rows, known only once the
     sampler has loaded them) stops every rank with that one error (`agree_on_config_error`)."""
-    error = None
+    from rlft.runtime.memory_plan import settle_sleep_mode
+
+    training, error, estimate = Training(objective, batch_size, rollouts), None, None
     try:
-        _build_roles(ctx, Training(objective, batch_size, rollouts))
+        estimate = _plan_memory(ctx, training)
+    except ConfigError as e:
+        error = str(e)
+    agree_on_config_error(ctx, error)
+    settle_sleep_mode(ctx, estimate)  # every rank: an auto sleep setting becomes the plan's decision
+    try:
+        _build_roles(ctx, training)
     except ConfigError as e:
         error = str(e)
     agree_on_config_error(ctx, error)
@@ -43,21 +51,44 @@ def agree_on_config_error(ctx: RankContext, error: str | None) -> None:
     raise ConfigError(bridge.broadcast_object(next((e for e in errors if e), None) if errors else None, src=0))
 
 
+def _plan_memory(ctx: RankContext, training: Training) -> float | None:
+    """The checks every rank makes before building, and where the policy and an engine share this
+    rank's GPU, the memory plan (`rlft.runtime.memory_plan`): the engine's budget (its KV cache sized
+    from the step when it hosts the sampler and no share is set: the sampler's prompts are loaded
+    first for their longest), refused when it cannot fit.  Returns the train phase's estimated
+    peak (GiB) there, for an ``auto`` sleep setting; None elsewhere."""
+    cfg, roles = ctx.cfg, ctx.roles
+    resume_point(cfg)  # every rank: a checkpoint of another layout stops them all here
+    check_prompt_fits_tokenizer(ctx)
+    if not (roles.policy and roles.hosts_engine):
+        return None
+    from rlft.config.role_records import ROLES
+    from rlft.runtime.memory_plan import check_shared_gpu, step_shape, train_activation_gib
+
+    step = None
+    if ctx.device.type == "cuda" and roles.hosts("sampler") and ROLES["sampler"].wanted(cfg, training):
+        from rlft.roles.prompt_source import PromptSource
+
+        ctx.prompt_source = PromptSource(cfg, ctx.tokenizer, cfg.optim.rollout_batch_size // cfg.grpo.group_size,
+                                         max_prompt_tokens=prompt_limit(cfg, ctx.model_path, evaluation=False))
+        step = step_shape(cfg, ctx.model_path, ctx.dtype, ctx.prompt_source.longest_prompt(ctx.tokenizer, cfg))
+    planned = check_shared_gpu(cfg, model_path=ctx.model_path, device=ctx.device, policy_dtype=ctx.policy_dtype,
+                               reference_here=roles.reference and ctx.run_builds("reference"), step=step)
+    if planned is None:
+        return None
+    ctx.gpu_plan, ctx.gpu_budget = planned
+    plan = ctx.gpu_plan
+    log.info("one GPU for the policy and the engine: %s GiB; the engine: %s", ", ".join(
+        f"{'left over' if k == 'free' else k} {v:.1f}" for k, v in plan.items()),
+        ctx.gpu_budget.describe(int(plan["total"] * 2**30)))
+    if step is None:
+        return None
+    return plan["policy"] + plan["reference"] + train_activation_gib(cfg, ctx.model_path, step.tokens, ctx.policy_dtype)
+
+
 def _build_roles(ctx: RankContext, training: Training) -> None:
     cfg, roles = ctx.cfg, ctx.roles
     ctx.training = training
-    resume_point(cfg)  # every rank: a checkpoint of another layout stops them all here
-    check_prompt_fits_tokenizer(ctx)
-
-    if roles.policy and roles.hosts_engine:
-        from rlft.runtime.memory_plan import check_shared_gpu
-
-        plan = check_shared_gpu(cfg, model_path=ctx.model_path, device=ctx.device, policy_dtype=ctx.policy_dtype,
-                                reference_here=roles.reference and ctx.run_builds("reference"))
-        ctx.gpu_plan = plan
-        if plan:
-            log.info("one GPU for the policy and the engine: %s GiB", ", ".join(
-                f"{'left over' if k == 'free' else k} {v:.1f}" for k, v in plan.items()))
     for role in build_order():
         if roles.hosts(role.name) and role.wanted(cfg, training):
             setattr(ctx, role.attribute, role.builder()(ctx, training))
@@ -99,7 +130,8 @@ def build_sampler(ctx: RankContext, training: Training):
     from rlft.roles.rollout import RolloutWorker
 
     limit = prompt_limit(ctx.cfg, ctx.model_path, evaluation=False)  # before the engine starts
-    return RolloutWorker(ctx.cfg, engine_for_run(ctx, ctx.model_path), ctx.tokenizer, max_prompt_tokens=limit)
+    return RolloutWorker(ctx.cfg, engine_for_run(ctx, ctx.model_path), ctx.tokenizer, max_prompt_tokens=limit,
+                         prompts=ctx.prompt_source)
 
 
 def build_evaluator(ctx: RankContext, training: Training):
@@ -154,4 +186,5 @@ def engine_for_run(ctx: RankContext, model_path: str):
     except EngineSettingError as e:
         raise ConfigError(str(e)) from None
     return make_engine(backend.name, model_path, dtype=ctx.dtype, device=str(ctx.device), seed=cfg.seed,
-                       tokenizer=ctx.tokenizer, options=backend.options(cfg, device_type))
+                       tokenizer=ctx.tokenizer, options=(backend.options(cfg, device_type) if ctx.gpu_budget is None
+                                                         else backend.options(cfg, device_type, ctx.gpu_budget)))

@@ -50,6 +50,9 @@ class RankContext:
     phase_memory_gb: dict[str, float] = field(default_factory=dict)  # this step's peak GPU memory per phase
     step_peak_bytes: int = 0  # GPU: the most allocated so far (timed phases reset torch's counter)
     gpu_plan: dict[str, float] | None = None  # where the policy and an engine share this rank's GPU (memory_plan)
+    gpu_budget: Any = None  # there, the engine's memory (rlft.engines.GpuBudget), from the plan
+    prompt_source: Any = None  # the sampler's prompts, loaded before its engine (whose cache they size)
+    sleep_auto: bool = False  # the engine's sleep setting was auto, settled by the memory plan
     sleep_hint_given: bool = False
     failed_phase: str | None = None  # the timed phase a failure left, for its message
     exit_code: int = 0  # what the rank exits with when its work returns (1: an evaluation failed, or training diverged)

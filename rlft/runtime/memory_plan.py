@@ -16,7 +16,7 @@ import torch
 
 from rlft.common import log
 from rlft.config import ConfigError, RunConfig
-from rlft.engines import backend_record
+from rlft.engines import GpuBudget, StepShape, backend_record
 
 # bf16 training under DeepSpeed: bf16 weights (2) and gradients (2), fp32 master weights (4) and
 # gradients (4), Adam's two fp32 moments (8).  fp32 training: weights, gradients, moments (16).
@@ -52,9 +52,10 @@ def lora_parameters(model_path: str, lora) -> int:
 
 
 def shared_gpu_plan(cfg: RunConfig, *, total_bytes: int, params: int, policy_dtype: torch.dtype,
-                    reference_here: bool, adapter_params: int | None = None) -> dict[str, float]:
-    """GiB each part needs on a GPU shared by the policy and the engine (its share from the run's
-    engine record, `gpu_share`): `engine`, `policy`,
+                    reference_here: bool, adapter_params: int | None = None,
+                    budget: GpuBudget | None = None) -> dict[str, float]:
+    """GiB each part needs on a GPU shared by the policy and the engine (its `budget`, by default the
+    share its settings give it): `engine`, `policy`,
     `reference`, `headroom`, `total` (what the GPU has) and `free` (negative: it cannot fit).  The
     policy's part includes the update guard's copy when `optim.divergence_factor` > 0.
     With LoRA (`adapter_params`: what the adapters add) the base weights are frozen (weights only)
@@ -68,8 +69,9 @@ def shared_gpu_plan(cfg: RunConfig, *, total_bytes: int, params: int, policy_dty
         policy = params * weight_bytes + adapter_params * POLICY_BYTES_PER_PARAM[policy_dtype]
     if cfg.optim.divergence_factor > 0:
         policy += trained * GUARD_BYTES_PER_TRAINED_PARAM
+    share = backend_record(cfg).gpu_share(cfg, "cuda") if budget is None else budget.share
     plan = {
-        "engine": backend_record(cfg).gpu_share(cfg, "cuda") * total_bytes / gib,
+        "engine": share * total_bytes / gib,
         "policy": policy / gib,
         "reference": (params * weight_bytes / gib) if reference_here else 0.0,
         "headroom": HEADROOM * total_bytes / gib,
@@ -79,19 +81,59 @@ def shared_gpu_plan(cfg: RunConfig, *, total_bytes: int, params: int, policy_dty
     return plan
 
 
+def step_shape(cfg: RunConfig, model_path: str, dtype: str, longest_prompt: int) -> StepShape:
+    """What a step's rollouts ask of the engine: `optim.rollout_batch_size` sequences of the longest
+    prompt and the response budget (`sampling.max_tokens`; a multi-turn episode's whole budget)."""
+    from rlft.models.loading import context_length, kv_bytes_per_token
+
+    responses = cfg.environment.episode_tokens(cfg.sampling.max_tokens)
+    per_token = kv_bytes_per_token(model_path, dtype) or 0
+    context = context_length(model_path, backend_record(cfg).context_limit(cfg)) or 0
+    return StepShape(sequences=cfg.optim.rollout_batch_size, tokens=longest_prompt + responses,
+                     kv_bytes_per_token=per_token, weight_bytes=count_parameters(model_path) * (4 if dtype == "float32" else 2),
+                     context_tokens=context)
+
+
 def check_shared_gpu(cfg: RunConfig, *, model_path: str, device: torch.device, policy_dtype: torch.dtype,
-                     reference_here: bool) -> dict[str, float] | None:
+                     reference_here: bool, step: StepShape | None = None) -> tuple[dict[str, float], GpuBudget] | None:
     """On a rank that hosts the policy and an engine holding a share of its GPU: ConfigError when the
-    split cannot fit (naming each part's GiB and what to change); the plan otherwise (None where
-    nothing is shared: on CPU, or an engine that holds no fixed share)."""
-    if device.type != "cuda" or not backend_record(cfg).gpu_share(cfg, device.type):
+    split cannot fit (naming each part's GiB and what to change); the plan and the engine's budget
+    otherwise (`step`: what a step asks of the engine, None where it only evaluates).  None where
+    nothing is shared: on CPU, or an engine that holds no fixed share."""
+    if device.type != "cuda":
         return None
-    plan = shared_gpu_plan(cfg, total_bytes=torch.cuda.get_device_properties(device).total_memory,
-                           params=count_parameters(model_path), policy_dtype=policy_dtype,
-                           reference_here=reference_here,
+    total = torch.cuda.get_device_properties(device).total_memory
+    budget = backend_record(cfg).gpu_budget(cfg, device.type, step=step, total_bytes=total)
+    if not budget.share:
+        return None
+    plan = shared_gpu_plan(cfg, total_bytes=total, params=count_parameters(model_path), policy_dtype=policy_dtype,
+                           reference_here=reference_here, budget=budget,
                            adapter_params=lora_parameters(model_path, cfg.model.lora) if cfg.model.lora.enabled else None)
     refuse_if_short(plan, cfg)
-    return plan
+    return plan, budget
+
+
+def train_activation_gib(cfg: RunConfig, model_path: str, tokens_per_sequence: int, policy_dtype: torch.dtype) -> float:
+    """An upper estimate of the train phase's activations on a policy rank (GiB): a micro-batch of
+    `optim.micro_batch_tokens` tokens (or `optim.train_micro_batch_size` sequences of
+    `tokens_per_sequence`) through this stage's share of the decoder layers, with as many micro-batches
+    in flight as the pipeline has stages, and the output layer's logits in fp32 with their gradient.
+    Per token and layer: the inputs the backward keeps of attention and the MLP (8 x hidden + 4 x
+    intermediate values), or one hidden state with activation checkpointing; measured on an H200, a
+    1.5B model's train phase at W-big peaked 10 % under this estimate with the weights and optimizer."""
+    from rlft.models.loading import load_hf_config
+
+    c = load_hf_config(model_path)
+    c = getattr(c, "text_config", None) or c
+    o, stages = cfg.optim, cfg.topology.pipeline_stages
+    tokens = o.micro_batch_tokens or o.train_micro_batch_size * tokens_per_sequence
+    value = 2 if policy_dtype == torch.bfloat16 else 4
+    hidden, inter = c.hidden_size, getattr(c, "intermediate_size", None) or 4 * c.hidden_size
+    layers = -(-c.num_hidden_layers // stages)
+    per_layer = hidden * value if cfg.model.activation_checkpointing else (8 * hidden + 4 * inter) * value
+    layer_bytes = tokens * per_layer * layers * stages
+    logit_bytes = tokens * c.vocab_size * (value + 8)
+    return (layer_bytes + logit_bytes) / 2**30
 
 
 # The policy's caching allocator holds more than its peak of allocated memory (blocks of many sizes
@@ -123,19 +165,61 @@ def sleep_mode_hint(plan: dict[str, float], train_peak_gib: float, wake_s: float
             f"the wake every step. Longer responses raise the peak: memory/peak_gb/train in the log shows it.")
 
 
+def settle_sleep_mode(ctx, estimated_peak_gib: float | None) -> None:
+    """Every rank together: an ``auto`` sleep setting becomes the memory plan's decision.  The rank where
+    the policy and the engine share a GPU (its plan in `ctx.gpu_plan`) decides: the engine stays awake
+    when it fits beside the train phase's estimated peak (`estimated_peak_gib`, :func:`awake_spare_gib`),
+    and sleeps otherwise; where no rank shares a GPU it stays awake.  The first steps' measured peak
+    may then keep a sleeping engine awake (:func:`note_sleep_mode`)."""
+    cfg = ctx.cfg
+    backend = backend_record(cfg)
+    if not backend.sleep_is_auto(cfg):
+        return
+    must_sleep = 0.0
+    if ctx.gpu_plan is not None and estimated_peak_gib is not None:
+        spare = awake_spare_gib(ctx.gpu_plan, estimated_peak_gib)
+        must_sleep = 1.0 if spare <= 0 else 0.0
+        log.info("%s auto: the engine %s (%.1f GiB) beside the train phase's estimated peak of %.1f GiB "
+                 "(%.1f GiB spare beyond %s more of it)", backend.sleep_setting,
+                 "sleeps while the policy trains: it does not fit awake" if must_sleep else "stays awake: it fits",
+                 ctx.gpu_plan["engine"], estimated_peak_gib, spare, f"{AWAKE_MARGIN:.0%}")
+    sleeps = ctx.bridge.all_reduce_max(must_sleep) > 0
+    backend.settle_sleep(cfg, sleeps)
+    ctx.sleep_auto = True
+
+
 def note_sleep_mode(ctx, step: int, start: int, metrics: dict) -> None:
-    """Once a launch, on the rank where the policy and a sleeping engine share a GPU: after its
-    second step (the first compiles and warms up), log :func:`sleep_mode_hint` when it applies."""
+    """Once a launch, on the rank where the policy and an engine share a GPU, after its second step
+    (the first compiles and warms up), from the train phase's measured peak: with ``auto``, a
+    sleeping engine that would fit awake stays awake from now on, and an engine kept awake is
+    confirmed (or, with less to spare than planned, the setting that makes it sleep named); with
+    ``true``, :func:`sleep_mode_hint` when it applies.  One line each."""
     plan = ctx.gpu_plan
     if plan is None or ctx.sleep_hint_given or step < start + 2:
         return
     backend = backend_record(ctx.cfg)
-    if not backend.sleeps(ctx.cfg, ctx.device.type):
-        return
     peak, wake = ctx.phase_memory_gb.get("train"), metrics.get("time/sync/wake")
-    if peak is None or wake is None:
+    if peak is None:
+        return
+    sleeping = backend.sleeps(ctx.cfg, ctx.device.type)
+    if sleeping and wake is None:
         return
     ctx.sleep_hint_given = True
+    spare = awake_spare_gib(plan, peak)
+    if getattr(ctx, "sleep_auto", False):
+        if sleeping and spare > 0 and ctx.rollout is not None:
+            ctx.rollout.stays_awake = True
+            log.info("%s auto: the train phase peaked at %.1f GiB, so the engine (%.1f GiB) fits awake with %.1f GiB "
+                     "spare; it stays awake from step %d, saving its wake (%.2f s of this step's sync)",
+                     backend.sleep_setting, peak, plan["engine"], spare, step + 1, wake)
+        elif not sleeping:
+            log.info("%s auto: the train phase peaked at %.1f GiB beside the awake engine (%.1f GiB), %.1f GiB spare "
+                     "beyond %s more%s", backend.sleep_setting, peak, plan["engine"], spare, f"{AWAKE_MARGIN:.0%}",
+                     "" if spare > 0 else f"; longer responses may not fit: {backend.sleep_setting}=true frees the "
+                     "engine's memory while the policy trains")
+        return
+    if not sleeping:
+        return
     hint = sleep_mode_hint(plan, peak, wake, backend.sleep_setting)
     if hint:
         log.info("%s", hint)
