@@ -213,41 +213,59 @@ def build_rollout_batch(
     if padding_side not in ("right", "left"):
         raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
     prompts, responses = _checked_rows(prompt_ids, response_ids, response_logprobs, response_token_masks)
-    batch = len(prompts)
     p_len, r_len = [len(p) for p in prompts], [len(r) for r in responses]
-    prompt_start, response_start, width = _layout(p_len, r_len, padding_side, pad_to_multiple_of)
+    layout = _layout(p_len, r_len, padding_side, pad_to_multiple_of)
+    input_ids, attention_mask, is_response, sampler_logprobs = _fill_rows(
+        prompts, responses, layout, pad_token_id, response_logprobs, response_token_masks)
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=_response_mask(is_response, attention_mask, input_ids, (eos_token_id, bos_token_id)),
+        prompt_lengths=torch.tensor(p_len, dtype=torch.long),
+        response_lengths=torch.tensor(r_len, dtype=torch.long),
+        sampler_logprobs=sampler_logprobs,
+    )
 
+
+def _fill_rows(prompts: list[list[int]], responses: list[list[int]], layout: tuple[list[int], list[int], int],
+               pad_token_id: int, response_logprobs, response_token_masks
+               ) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """Write each row's prompt and response into the batch's tensors at the places ``layout``
+    (:func:`_layout`) gives: ``(input_ids, attention_mask, is_response, sampler_logprobs)``, where
+    ``is_response [B, T]`` marks the token positions (not labels) of the model's response tokens
+    and ``sampler_logprobs`` is None without ``response_logprobs``."""
+    prompt_start, response_start, width = layout
+    batch = len(prompts)
     input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((batch, width), dtype=torch.long)
     is_response = torch.zeros((batch, width), dtype=torch.bool)  # token positions, not labels
     sampler_logprobs = None if response_logprobs is None else torch.zeros((batch, width - 1))
     for i in range(batch):
-        a, b, c = prompt_start[i], response_start[i], response_start[i] + r_len[i]
+        r_len = len(responses[i])
+        a, b, c = prompt_start[i], response_start[i], response_start[i] + r_len
         input_ids[i, a:b] = torch.tensor(prompts[i], dtype=torch.long)
         attention_mask[i, a:c] = 1
-        if not r_len[i]:
+        if not r_len:
             continue
         input_ids[i, b:c] = torch.tensor(responses[i], dtype=torch.long)
         if sampler_logprobs is not None:  # token t is scored by label column t - 1
             sampler_logprobs[i, b - 1:c - 1] = torch.tensor(response_logprobs[i], dtype=torch.float32)
         is_response[i, b:c] = (True if response_token_masks is None
                                else torch.tensor(response_token_masks[i], dtype=torch.bool))
+    return input_ids, attention_mask, is_response, sampler_logprobs
 
+
+def _response_mask(is_response: Tensor, attention_mask: Tensor, input_ids: Tensor,
+                   excluded_ids: Sequence[Optional[int]]) -> Tensor:
+    """The label-aligned ``[B, T-1]`` float response mask: response token positions that the
+    attention mask keeps and whose id is none of ``excluded_ids`` (None entries exclude nothing)."""
     # Padding is whatever the attention mask leaves out, whatever its id (pad may equal eos).
     keep = is_response & attention_mask.bool()
-    for special in (eos_token_id, bos_token_id):
+    for special in excluded_ids:
         if special is not None:
             keep &= input_ids != special
-
-    return RolloutBatch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        # Label column t predicts token t+1, so the token mask shifts left by one.
-        response_mask=keep[:, 1:].float(),
-        prompt_lengths=torch.tensor(p_len, dtype=torch.long),
-        response_lengths=torch.tensor(r_len, dtype=torch.long),
-        sampler_logprobs=sampler_logprobs,
-    )
+    # Label column t predicts token t+1, so the token mask shifts left by one.
+    return keep[:, 1:].float()
 
 
 def _checked_rows(prompt_ids, response_ids, response_logprobs, response_token_masks):

@@ -7,6 +7,7 @@
     trl_baseline.py  TRL's GRPOTrainer (vLLM colocate) on the same work, in its own process
     raw_engine.py    the raw vLLM engine on the same prompts: the rollout baseline
     cli.py           the command: build the model, launch rlft (and TRL), write the result
+    processes.py     the launches' child processes: their environment, a log, a time limit
     __main__.py      python -m rlft.bench
 
 Formulas (N parameters, L layers, d hidden size, s mean sequence length; medians over steps 2..N):

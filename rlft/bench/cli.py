@@ -12,21 +12,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import shutil
-import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from rlft.bench import environment, metrics
 from rlft.bench.presets import MODEL_SHAPES, WORKLOADS, Workload, model_facts, resolve_bench_model, workload_key
+from rlft.bench.processes import REPO, child_env, run_logged, tail
 from rlft.engines import backend_choices
 from rlft.engines.hf_backend import HF
 from rlft.engines.vllm_backend import VLLM
 
-REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SUMMARY = REPO / "benchmarks" / "results" / "summary.json"
 SCHEMA_VERSION = 1
 
@@ -162,41 +159,6 @@ def train_passes(cfg) -> float:
 
 
 # ---------------------------------------------------------------- launching
-
-
-def child_env(use_gpu: bool, per_node: int) -> dict[str, str]:
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", RLFT_PROGRESS="0")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    if not use_gpu:
-        env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="")
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, per_node))))
-    return env
-
-
-def run_logged(cmd: list[str], log_path: Path, env: dict, timeout: float) -> tuple[int, float]:
-    """Run `cmd` with its output in `log_path`; (exit status, wall seconds); 124 on timeout."""
-    t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 15)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-            rc = 124
-    return rc, time.perf_counter() - t0
-
-
-def tail(path: Path, n: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
 
 
 def launch_rlft(config_path: Path, cfg, out: Path, use_gpu: bool, timeout: float) -> dict:
@@ -351,8 +313,6 @@ def default_summary_key(workload: str, model: str, use_gpu: bool, gpus: int) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rlft.config import ConfigError, load_config, save_config
-
     args = parse_args(argv)
     use_gpu = environment.gpu_available()
     gpus = (args.gpus or 1) if use_gpu else 0
@@ -360,62 +320,17 @@ def main(argv: list[str] | None = None) -> int:
     machine = environment.machine_info(use_gpu)
     peak, peak_source = ((args.peak_tflops * 1e12, "--peak-tflops") if args.peak_tflops
                          else metrics.peak_flops_for(machine["gpu"] if use_gpu else None))
-    result: dict = {
-        "schema": SCHEMA_VERSION,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": [sys.executable, "-m", "rlft.bench", *(sys.argv[1:] if argv is None else argv)],
-        "commit": environment.git_commit(REPO),
-        "machine": machine,
-        "versions": environment.library_versions(),
-        "formulas": metrics.FORMULAS,
-        "peak_flops": {"value": peak, "source": peak_source},
-    }
+    result = result_header(argv, machine, peak, peak_source)
 
     if args.from_run:
-        run_dir = Path(args.from_run).resolve()
-        out = run_dir
-        cfg = load_config(run_dir / "config.yaml")
-        model_dir = cfg.output.init_checkpoint or cfg.model.path
-        result["rlft"] = {"out_dir": str(run_dir), "from_run": True}
+        out, run_dir, cfg, model_dir = read_past_run(args, result)
     else:
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        out = Path(args.out or REPO / "benchmarks" / "runs" / f"{stamp}-{Path(args.model).name}-{wname}").resolve()
-        run_dir = out / "rlft"
-        if run_dir.exists():
-            raise SystemExit(f"rlft.bench: {run_dir} exists; give another --out (a run appends to its steps.jsonl)")
-        out.mkdir(parents=True, exist_ok=True)
-        say(f"model {args.model}: preparing")
-        model_dir = resolve_bench_model(args.model, tokenizer_dir=args.tokenizer, seed=args.seed)
-        backend = args.backend or (VLLM.name if use_gpu else HF.name)  # as TRL's baseline generates
-        overrides = bench_overrides(w, model_dir=model_dir, data=args.data, steps=args.steps, backend=backend,
-                                    seed=args.seed, out_dir=str(run_dir), cpu=not use_gpu) + list(args.overrides)
-        base = base_config(args, use_gpu, gpus)
-        try:
-            cfg = load_config(base, overrides)
-        except ConfigError as e:
-            print(f"rlft.bench: config error: {e}", file=sys.stderr)
+        launched = launch_new_run(args, w, wname, use_gpu=use_gpu, gpus=gpus, machine=machine, result=result)
+        if launched is None:
             return 2
-        if use_gpu and cfg.world_size() > machine["gpu_count"]:
-            print(f"rlft.bench: the topology needs {cfg.world_size()} GPUs, {machine['gpu_count']} are visible",
-                  file=sys.stderr)
-            return 2
-        config_path = out / "rlft_config.yaml"
-        save_config(cfg, config_path)
-        result["rlft"] = {"base_config": repo_path(base), "overrides": overrides, "config_file": str(config_path),
-                          "out_dir": str(run_dir)}
-        result["rlft"].update(launch_rlft(config_path, cfg, out, use_gpu, args.timeout))
+        out, run_dir, cfg, model_dir = launched
 
-    # What ran (for --from-run, read back from its config).
-    w = Workload(prompts=cfg.optim.rollout_batch_size // cfg.grpo.group_size, group_size=cfg.grpo.group_size,
-                 tokens=cfg.sampling.max_tokens, micro_batch=cfg.optim.train_micro_batch_size)
-    facts = model_facts(model_dir)
-    result["model"] = {"spec": args.model if not args.from_run else model_dir, "path": model_dir, **facts,
-                       "random_shape": args.model in MODEL_SHAPES and not args.from_run}
-    result["workload"] = {"name": wname if not args.from_run else None, **dataclasses.asdict(w),
-                          "responses": w.responses,
-                          "forced_length": cfg.sampling.min_tokens == cfg.sampling.max_tokens,
-                          "steps": cfg.schedule.steps}
-    result["config"] = cfg.to_dict()
+    w, facts = record_what_ran(result, args, wname, cfg, model_dir)
     ok = result["rlft"].get("returncode", 0) == 0 and (run_dir / "steps.jsonl").is_file()
     if ok:
         result["rlft"]["summary"] = summarise_run(run_dir, cfg, facts, use_gpu=use_gpu, peak_flops=peak)
@@ -429,23 +344,16 @@ def main(argv: list[str] | None = None) -> int:
 
     json_path = Path(args.json) if args.json else out / "bench.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
-
-    def save() -> None:
-        """The result so far: a run cut short keeps what finished (rlft's, then the raw engine's)."""
-        result["ratios"] = metrics.trl_ratios(result)
-        result["headline"] = metrics.headline(result)
-        json_path.write_text(json.dumps(result, indent=2, default=str) + "\n")
-
-    save()
+    save_result(result, json_path)
     # The raw engine first: it is the shorter run, and rlft's sampling is measured against it.
     if args.raw_engine and ok:
         result["raw_engine"] = run_raw_engine(cfg, w, steps=cfg.schedule.steps, use_gpu=use_gpu, out=out,
                                               timeout=args.timeout)
-        save()
+        save_result(result, json_path)
     if args.baseline == "trl" and ok:
         result["trl"] = run_trl(cfg, w, steps=cfg.schedule.steps, use_gpu=use_gpu, gpus=max(gpus, 1), out=out,
                                 timeout=args.timeout)
-        save()
+        save_result(result, json_path)
     print(metrics.format_table(result))
     print(f"result: {json_path}")
     if args.summary_json and ok:
@@ -454,6 +362,93 @@ def main(argv: list[str] | None = None) -> int:
         print(f"summary: {args.summary_json} [{key}]")
     failed = any((result.get(k) or {}).get("status") == "failed" for k in ("trl", "raw_engine"))
     return 0 if ok and not failed else 1
+
+
+def result_header(argv: list[str] | None, machine: dict, peak: float | None, peak_source: str | None) -> dict:
+    """The result's opening fields: what ran it, on which machine, with which libraries, formulas
+    and peak FLOP/s."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": [sys.executable, "-m", "rlft.bench", *(sys.argv[1:] if argv is None else argv)],
+        "commit": environment.git_commit(REPO),
+        "machine": machine,
+        "versions": environment.library_versions(),
+        "formulas": metrics.FORMULAS,
+        "peak_flops": {"value": peak, "source": peak_source},
+    }
+
+
+def read_past_run(args: argparse.Namespace, result: dict) -> tuple[Path, Path, object, str]:
+    """``--from-run``: (output directory, run directory, config, model directory) of an existing
+    rlft output directory, read back from its config.yaml; ``result["rlft"]`` names it."""
+    from rlft.config import load_config
+
+    run_dir = Path(args.from_run).resolve()
+    cfg = load_config(run_dir / "config.yaml")
+    model_dir = cfg.output.init_checkpoint or cfg.model.path
+    result["rlft"] = {"out_dir": str(run_dir), "from_run": True}
+    return run_dir, run_dir, cfg, model_dir
+
+
+def launch_new_run(args: argparse.Namespace, w: Workload, wname: str, *, use_gpu: bool, gpus: int, machine: dict,
+                   result: dict) -> tuple[Path, Path, object, str] | None:
+    """Prepare the model, write the run's config and launch rlft on it: (output directory, run
+    directory, config, model directory), the launch recorded in ``result["rlft"]``.  None when
+    the config is refused or needs more GPUs than are visible (the reason printed)."""
+    from rlft.config import ConfigError, load_config, save_config
+
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out or REPO / "benchmarks" / "runs" / f"{stamp}-{Path(args.model).name}-{wname}").resolve()
+    run_dir = out / "rlft"
+    if run_dir.exists():
+        raise SystemExit(f"rlft.bench: {run_dir} exists; give another --out (a run appends to its steps.jsonl)")
+    out.mkdir(parents=True, exist_ok=True)
+    say(f"model {args.model}: preparing")
+    model_dir = resolve_bench_model(args.model, tokenizer_dir=args.tokenizer, seed=args.seed)
+    backend = args.backend or (VLLM.name if use_gpu else HF.name)  # as TRL's baseline generates
+    overrides = bench_overrides(w, model_dir=model_dir, data=args.data, steps=args.steps, backend=backend,
+                                seed=args.seed, out_dir=str(run_dir), cpu=not use_gpu) + list(args.overrides)
+    base = base_config(args, use_gpu, gpus)
+    try:
+        cfg = load_config(base, overrides)
+    except ConfigError as e:
+        print(f"rlft.bench: config error: {e}", file=sys.stderr)
+        return None
+    if use_gpu and cfg.world_size() > machine["gpu_count"]:
+        print(f"rlft.bench: the topology needs {cfg.world_size()} GPUs, {machine['gpu_count']} are visible",
+              file=sys.stderr)
+        return None
+    config_path = out / "rlft_config.yaml"
+    save_config(cfg, config_path)
+    result["rlft"] = {"base_config": repo_path(base), "overrides": overrides, "config_file": str(config_path),
+                      "out_dir": str(run_dir)}
+    result["rlft"].update(launch_rlft(config_path, cfg, out, use_gpu, args.timeout))
+    return out, run_dir, cfg, model_dir
+
+
+def record_what_ran(result: dict, args: argparse.Namespace, wname: str, cfg, model_dir: str) -> tuple[Workload, dict]:
+    """Record the model, the workload and the config that ran (for --from-run, read back from its
+    config) in ``result``; returns that workload and the model's facts."""
+    w = Workload(prompts=cfg.optim.rollout_batch_size // cfg.grpo.group_size, group_size=cfg.grpo.group_size,
+                 tokens=cfg.sampling.max_tokens, micro_batch=cfg.optim.train_micro_batch_size)
+    facts = model_facts(model_dir)
+    result["model"] = {"spec": args.model if not args.from_run else model_dir, "path": model_dir, **facts,
+                       "random_shape": args.model in MODEL_SHAPES and not args.from_run}
+    result["workload"] = {"name": wname if not args.from_run else None, **dataclasses.asdict(w),
+                          "responses": w.responses,
+                          "forced_length": cfg.sampling.min_tokens == cfg.sampling.max_tokens,
+                          "steps": cfg.schedule.steps}
+    result["config"] = cfg.to_dict()
+    return w, facts
+
+
+def save_result(result: dict, json_path: Path) -> None:
+    """Write the result so far, with its ratios and headline: a run cut short keeps what finished
+    (rlft's, then the raw engine's)."""
+    result["ratios"] = metrics.trl_ratios(result)
+    result["headline"] = metrics.headline(result)
+    json_path.write_text(json.dumps(result, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":

@@ -113,15 +113,7 @@ def summarise_steps(steps: list[dict], *, params: int, num_layers: int, hidden_s
     phase_steps = {p: sum(f"time/{p}" in s for s in measured) for p in phases}
 
     def per_step(fn) -> float | None:
-        out = []
-        for s in measured:
-            try:
-                v = fn(s)
-            except (KeyError, ZeroDivisionError, TypeError):
-                continue
-            if v is not None:
-                out.append(v)
-        return _median(out)
+        return _median_per_step(measured, fn)
 
     step_s = per_step(lambda s: s["time/step"] - s.get("time/eval", 0.0))
     rollout_tps = per_step(lambda s: s["tokens/response"] / s["time/sample"])
@@ -136,20 +128,6 @@ def summarise_steps(steps: list[dict], *, params: int, num_layers: int, hidden_s
             * s["tokens/total"] / (s["time/train"] * peak_flops))
 
     sync_gbps = per_step(lambda s: weight_bytes / 1e9 / s["time/sync"])
-
-    memory: dict[str, Any] = {}
-    for s in steps:
-        for k, v in s.items():
-            if k.startswith("memory/peak_gb/rank"):
-                rank = int(k.rsplit("rank", 1)[1])
-                memory[rank] = max(memory.get(rank, 0.0), float(v))
-    by_rank = {f"rank{r}": {"roles": (roles_by_rank or {}).get(r, []), "peak_gb": gb}
-               for r, gb in sorted(memory.items())}
-    by_role: dict[str, float] = {}
-    for r, gb in memory.items():
-        for role in (roles_by_rank or {}).get(r, []):
-            by_role[role] = max(by_role.get(role, 0.0), gb)
-    overall = [float(s["memory/peak_gb"]) for s in steps if "memory/peak_gb" in s]
 
     return {
         "steps": [s["step"] for s in steps],
@@ -173,8 +151,41 @@ def summarise_steps(steps: list[dict], *, params: int, num_layers: int, hidden_s
         # slowest policy stage's own, beside it)
         "sync_parts_s": {part: _median(s.get(f"time/sync/{part}") for s in measured)
                          for part in SYNC_PARTS},
-        "memory_peak_gb": {"max": max(overall) if overall else None, "by_rank": by_rank, "by_role": by_role},
+        "memory_peak_gb": _memory_peaks(steps, roles_by_rank),
     }
+
+
+def _median_per_step(measured: list[dict], fn) -> float | None:
+    """The median of ``fn(step record)`` over the measured steps, leaving out the steps it cannot
+    be computed for (a figure missing, a zero time) and those it gives None for."""
+    out = []
+    for s in measured:
+        try:
+            v = fn(s)
+        except (KeyError, ZeroDivisionError, TypeError):
+            continue
+        if v is not None:
+            out.append(v)
+    return _median(out)
+
+
+def _memory_peaks(steps: list[dict], roles_by_rank: dict[int, list[str]] | None = None) -> dict[str, Any]:
+    """Peak memory over every step (not only the measured ones): the overall ``max``, each rank's
+    (``by_rank``, with the roles it holds) and each role's (``by_role``: the peak of its rank)."""
+    memory: dict[str, Any] = {}
+    for s in steps:
+        for k, v in s.items():
+            if k.startswith("memory/peak_gb/rank"):
+                rank = int(k.rsplit("rank", 1)[1])
+                memory[rank] = max(memory.get(rank, 0.0), float(v))
+    by_rank = {f"rank{r}": {"roles": (roles_by_rank or {}).get(r, []), "peak_gb": gb}
+               for r, gb in sorted(memory.items())}
+    by_role: dict[str, float] = {}
+    for r, gb in memory.items():
+        for role in (roles_by_rank or {}).get(r, []):
+            by_role[role] = max(by_role.get(role, 0.0), gb)
+    overall = [float(s["memory/peak_gb"]) for s in steps if "memory/peak_gb" in s]
+    return {"max": max(overall) if overall else None, "by_rank": by_rank, "by_role": by_role}
 
 
 def _timer_sum(record: dict, suffixes: tuple[str, ...]) -> float | None:

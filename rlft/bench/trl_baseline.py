@@ -38,22 +38,14 @@ def trl_unavailable_reason(use_vllm: bool) -> str | None:
 
 
 def grpo_config_kwargs(spec: dict, known_fields: set[str] | None = None) -> tuple[dict[str, Any], list[str]]:
-    from rlft.grpo import ADVANTAGE_ESTIMATORS
-
     """``GRPOConfig`` arguments for the spec's workload, and the names left out because this TRL
     version has no such field (``known_fields``: the fields of the installed ``GRPOConfig``)."""
-    w, nproc = spec["workload"], spec["num_processes"]
-    responses = w["prompts"] * w["group_size"]
-    per_device = w["micro_batch"]
-    if responses % (per_device * nproc):
-        raise ValueError(f"{responses} completions per step do not split into {nproc} process(es) x "
-                         f"micro-batches of {per_device}")
-    grad_acc = responses // (per_device * nproc)
-    opt, g, s = spec["optim"], spec["grpo"], spec["sampling"]
+    w = spec["workload"]
+    per_device, grad_acc = _batch_split(w, spec["num_processes"])
+    s = spec["sampling"]
     use_vllm = spec["use_vllm"]
     # Forced lengths: at least max_completion_length tokens, whatever the model writes.
     min_key = "min_tokens" if use_vllm else "min_new_tokens"
-    aggregation_to_loss = {"sequence": "grpo", "constant": "dr_grpo", "token": "dapo"}
     kwargs: dict[str, Any] = {
         "output_dir": spec["out_dir"],
         "max_steps": spec["steps"],
@@ -77,6 +69,26 @@ def grpo_config_kwargs(spec: dict, known_fields: set[str] | None = None) -> tupl
         "temperature": s["temperature"],
         "top_p": s["top_p"],
         "repetition_penalty": s["repetition_penalty"],
+        **_update_kwargs(spec),
+        # generation: vLLM in the training process, sharing its GPU
+        "use_vllm": use_vllm,
+    }
+    if use_vllm:
+        kwargs.update(_vllm_colocate_kwargs(spec["vllm_options"]))
+    if known_fields is None:
+        return kwargs, []
+    dropped = sorted(k for k in kwargs if k not in known_fields)
+    return {k: v for k, v in kwargs.items() if k in known_fields}, dropped
+
+
+def _update_kwargs(spec: dict) -> dict[str, Any]:
+    """The ``GRPOConfig`` arguments of the update: rlft's optimizer, schedule, loss and advantage
+    settings, as TRL names them."""
+    from rlft.grpo import ADVANTAGE_ESTIMATORS
+
+    opt, g = spec["optim"], spec["grpo"]
+    aggregation_to_loss = {"sequence": "grpo", "constant": "dr_grpo", "token": "dapo"}
+    return {
         # the update: rlft's defaults
         "learning_rate": opt["lr"],
         "lr_scheduler_type": "constant",
@@ -94,21 +106,31 @@ def grpo_config_kwargs(spec: dict, known_fields: set[str] | None = None) -> tupl
         "gradient_checkpointing": spec["activation_checkpointing"],
         "disable_dropout": True,
         "log_completions": False,
-        # generation: vLLM in the training process, sharing its GPU
-        "use_vllm": use_vllm,
     }
-    if use_vllm:
-        kwargs.update({
-            "vllm_mode": "colocate",
-            "vllm_gpu_memory_utilization": spec["vllm_options"]["gpu_memory_utilization"],
-            "vllm_enable_sleep_mode": spec["vllm_options"]["enable_sleep_mode"],
-            # rlft applies no importance-sampling correction between vLLM's and the trainer's log-probs
-            "vllm_importance_sampling_correction": False,
-        })
-    if known_fields is None:
-        return kwargs, []
-    dropped = sorted(k for k in kwargs if k not in known_fields)
-    return {k: v for k, v in kwargs.items() if k in known_fields}, dropped
+
+
+def _batch_split(w: dict, nproc: int) -> tuple[int, int]:
+    """(completions per device per micro-batch, gradient accumulation steps) that make one
+    optimizer step of the workload's ``prompts x group_size`` completions over ``nproc`` processes;
+    a ValueError when they do not split evenly."""
+    responses = w["prompts"] * w["group_size"]
+    per_device = w["micro_batch"]
+    if responses % (per_device * nproc):
+        raise ValueError(f"{responses} completions per step do not split into {nproc} process(es) x "
+                         f"micro-batches of {per_device}")
+    return per_device, responses // (per_device * nproc)
+
+
+def _vllm_colocate_kwargs(vllm_options: dict) -> dict[str, Any]:
+    """The ``GRPOConfig`` arguments of generating with vLLM in the training process, sharing its
+    GPU, with the settings rlft's vLLM engine takes from the config (``vllm_options``)."""
+    return {
+        "vllm_mode": "colocate",
+        "vllm_gpu_memory_utilization": vllm_options["gpu_memory_utilization"],
+        "vllm_enable_sleep_mode": vllm_options["enable_sleep_mode"],
+        # rlft applies no importance-sampling correction between vLLM's and the trainer's log-probs
+        "vllm_importance_sampling_correction": False,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -117,34 +139,62 @@ def main(argv: list[str] | None = None) -> None:
     import dataclasses
 
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from rlft.models.loading import ensure_pad_token
-    from rlft.reward.functions import make_reward_fn
 
     out = Path(spec["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     kwargs, dropped = grpo_config_kwargs(spec, {f.name for f in dataclasses.fields(GRPOConfig)})
-    if kwargs.get("scale_rewards") == "none":
-        try:
-            GRPOConfig(**{**kwargs, "output_dir": str(out / "probe")})
-        except (ValueError, TypeError):  # older TRL: a bool
-            kwargs["scale_rewards"] = False
-    args = GRPOConfig(**kwargs)
-
-    reward = make_reward_fn(spec["reward"]["fn"], spec["reward"]["format_weight"], timeout_s=spec["reward"]["timeout_s"])
-
-    def rlft_reward(completions, ground_truth, **_kw) -> list[float]:
-        return [float(r["reward"]) for r in reward(list(completions), list(ground_truth))]
-
-    rlft_reward.__name__ = "rlft_reward"
+    args = _grpo_config(GRPOConfig, kwargs, out)
+    reward = _rlft_reward(spec["reward"])
     data = Dataset.from_list(spec["prompts"])
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
     ensure_pad_token(tokenizer)
     tokenizer.padding_side = "left"
 
-    # TRL's profiling timers report only to experiment trackers; keep a copy of every timing.
+    times = _step_times(_keep_profiling_timings())
+    trainer = GRPOTrainer(model=spec["model"], reward_funcs=[reward], args=args, train_dataset=data,
+                          processing_class=tokenizer, callbacks=[times])
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    if trainer.is_world_process_zero():
+        with open(out / "trl_steps.jsonl", "w") as f:
+            for row in times.rows:
+                f.write(json.dumps({**row, "logs": times.logs.get(row["step"], {})}) + "\n")
+        (out / "trl_run.json").write_text(json.dumps({"args": kwargs, "dropped_args": dropped,
+                                                      "train_wall_s": wall}, indent=1, default=str))
+
+
+def _grpo_config(config_cls, kwargs: dict[str, Any], out: Path):
+    """The installed TRL's ``GRPOConfig`` of ``kwargs``.  An older TRL takes ``scale_rewards`` as a
+    bool: then ``kwargs["scale_rewards"]`` becomes False (in place, so the run's record says so)."""
+    if kwargs.get("scale_rewards") == "none":
+        try:
+            config_cls(**{**kwargs, "output_dir": str(out / "probe")})
+        except (ValueError, TypeError):  # older TRL: a bool
+            kwargs["scale_rewards"] = False
+    return config_cls(**kwargs)
+
+
+def _rlft_reward(reward_spec: dict):
+    """rlft's reward function of the spec, as a TRL reward function (named ``rlft_reward``)."""
+    from rlft.reward.functions import make_reward_fn
+
+    reward = make_reward_fn(reward_spec["fn"], reward_spec["format_weight"], timeout_s=reward_spec["timeout_s"])
+
+    def rlft_reward(completions, ground_truth, **_kw) -> list[float]:
+        return [float(r["reward"]) for r in reward(list(completions), list(ground_truth))]
+
+    rlft_reward.__name__ = "rlft_reward"
+    return rlft_reward
+
+
+def _keep_profiling_timings() -> list[tuple[str, float]]:
+    """A list that every TRL profiling timer appends its ``(name, seconds)`` to from now on (TRL's
+    timers report only to experiment trackers); it stays empty where TRL has no such timers."""
     timings: list[tuple[str, float]] = []
     try:
         from trl.extras import profiling
@@ -158,6 +208,14 @@ def main(argv: list[str] | None = None) -> None:
         profiling.ProfilingContext._log_metrics = keep
     except (ImportError, AttributeError):
         pass
+    return timings
+
+
+def _step_times(timings: list[tuple[str, float]]):
+    """A trainer callback that records, per optimizer step, its wall seconds (between
+    ``on_step_end`` calls), the profiling timers' seconds summed by name (taking them out of
+    ``timings``) in ``rows``, and TRL's logged numbers by step in ``logs``."""
+    from transformers import TrainerCallback
 
     class StepTimes(TrainerCallback):
         def __init__(self):
@@ -181,18 +239,7 @@ def main(argv: list[str] | None = None) -> None:
             self.rows.append({"step": state.global_step, "time/step": now - self.t, "profiling": prof})
             self.t = now
 
-    times = StepTimes()
-    trainer = GRPOTrainer(model=spec["model"], reward_funcs=[rlft_reward], args=args, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[times])
-    t0 = time.perf_counter()
-    trainer.train()
-    wall = time.perf_counter() - t0
-    if trainer.is_world_process_zero():
-        with open(out / "trl_steps.jsonl", "w") as f:
-            for row in times.rows:
-                f.write(json.dumps({**row, "logs": times.logs.get(row["step"], {})}) + "\n")
-        (out / "trl_run.json").write_text(json.dumps({"args": kwargs, "dropped_args": dropped,
-                                                      "train_wall_s": wall}, indent=1, default=str))
+    return StepTimes()
 
 
 if __name__ == "__main__":

@@ -232,22 +232,11 @@ def run_episodes(engine: RolloutEngine, prompt_token_ids: Sequence[Sequence[int]
     live = list(range(len(episodes)))
     for turn in range(1, max_turns + 1):
         if turn == 1:
-            cap = min(spec.max_tokens, max_episode_tokens)
-            call = replace(base, max_tokens=cap, min_tokens=min(spec.min_tokens, cap))
-            groups = engine.generate([list(p) for p in prompt_token_ids], call)
-            if len(groups) != len(prompt_token_ids) or any(len(g) != n for g in groups):
-                raise RuntimeError(f"the rollout engine returned {[len(g) for g in groups]} completions for "
-                                   f"{len(prompt_token_ids)} prompts, expected {n} each")
-            completions = [c for g in groups for c in g]
+            completions = _sample_first_turn(engine, prompt_token_ids, base, spec, max_episode_tokens)
         else:
-            room = max(max_episode_tokens - len(episodes[i].result.token_ids) for i in live)
-            seed = None if spec.seed is None else spec.seed + (turn - 1) * len(episodes)
-            call = replace(base, n=1, max_tokens=min(spec.max_tokens, room), min_tokens=0, seed=seed)
-            groups = engine.generate([prompts[i] + episodes[i].result.token_ids for i in live], call)
-            if len(groups) != len(live) or any(len(g) != 1 for g in groups):
-                raise RuntimeError(f"the rollout engine returned {[len(g) for g in groups]} completions for "
-                                   f"{len(live)} prompts, expected 1 each")
-            completions = [g[0] for g in groups]
+            completions = _sample_later_turn(engine, [prompts[i] for i in live], [episodes[i] for i in live],
+                                             base, spec, seed_offset=(turn - 1) * len(episodes),
+                                             max_episode_tokens=max_episode_tokens)
         live = [i for i, c in zip(live, completions)
                 if _play_turn(episodes[i], c, turn=turn, spec=spec, tokenizer=tokenizer, environment=environment,
                               max_turns=max_turns, max_episode_tokens=max_episode_tokens,
@@ -258,3 +247,33 @@ def run_episodes(engine: RolloutEngine, prompt_token_ids: Sequence[Sequence[int]
         ep.result.transcript = tokenizer.decode(ep.result.token_ids, skip_special_tokens=False)
     results = [ep.result for ep in episodes]
     return [results[i * n:(i + 1) * n] for i in range(len(prompt_token_ids))]
+
+
+def _sample_first_turn(engine: RolloutEngine, prompt_token_ids: Sequence[Sequence[int]], base: SamplingSpec,
+                       spec: SamplingSpec, max_episode_tokens: int) -> list[Completion]:
+    """Turn 1: ``spec.n`` completions of each prompt in one engine call (``base``, its
+    ``max_tokens`` within ``max_episode_tokens``), flattened in episode order."""
+    n = spec.n
+    cap = min(spec.max_tokens, max_episode_tokens)
+    call = replace(base, max_tokens=cap, min_tokens=min(spec.min_tokens, cap))
+    groups = engine.generate([list(p) for p in prompt_token_ids], call)
+    if len(groups) != len(prompt_token_ids) or any(len(g) != n for g in groups):
+        raise RuntimeError(f"the rollout engine returned {[len(g) for g in groups]} completions for "
+                           f"{len(prompt_token_ids)} prompts, expected {n} each")
+    return [c for g in groups for c in g]
+
+
+def _sample_later_turn(engine: RolloutEngine, prompts: list[list[int]], episodes: list[_Episode],
+                       base: SamplingSpec, spec: SamplingSpec, *, seed_offset: int,
+                       max_episode_tokens: int) -> list[Completion]:
+    """A later turn: one completion for each live episode, all in one engine call, each prompted
+    with its prompt + the episode's tokens so far; capped at the largest room any of them has left,
+    no ``min_tokens``, and (when ``spec.seed`` is set) seeds from ``spec.seed + seed_offset``."""
+    room = max(max_episode_tokens - len(ep.result.token_ids) for ep in episodes)
+    seed = None if spec.seed is None else spec.seed + seed_offset
+    call = replace(base, n=1, max_tokens=min(spec.max_tokens, room), min_tokens=0, seed=seed)
+    groups = engine.generate([p + ep.result.token_ids for p, ep in zip(prompts, episodes)], call)
+    if len(groups) != len(episodes) or any(len(g) != 1 for g in groups):
+        raise RuntimeError(f"the rollout engine returned {[len(g) for g in groups]} completions for "
+                           f"{len(episodes)} prompts, expected 1 each")
+    return [g[0] for g in groups]

@@ -113,6 +113,54 @@ def score_responses(
         summary holds ``num_examples, num_samples, k, accuracy, format_rate, mean_reward,
         mean_response_length, pass@k, accuracy_lenient, pass@k_lenient``.
     """
+    n = _samples_per_example(examples, responses, response_lengths, k)
+
+    grades, lenient = _grade_all(examples, responses, n, answer_format)
+
+    records: list[dict] = []
+    pass_values: list[float] = []
+    lenient_pass: list[float] = []
+    for i, ex in enumerate(examples):
+        sample_grades = grades[i * n:(i + 1) * n]
+        sample_lenient = [float(ok) for ok in lenient[i * n:(i + 1) * n]]
+        num_correct = sum(_is_correct(g) for g in sample_grades)
+        pass_values.append(pass_at_k(n, num_correct, k))
+        lenient_pass.append(pass_at_k(n, int(sum(sample_lenient)), k))
+        records.append(_example_record(ex, responses[i], response_lengths[i], sample_grades, sample_lenient,
+                                       num_correct))
+
+    flat_lengths = [int(x) for lengths in response_lengths for x in lengths]
+    summary = {
+        "num_examples": len(examples),
+        "num_samples": n,
+        "k": k,
+        "accuracy": _mean([float(g["answer_reward"]) for g in grades]),
+        "format_rate": _mean([float(g["format_reward"]) for g in grades]),
+        "mean_reward": _mean([float(g["reward"]) for g in grades]),
+        "mean_response_length": _mean(flat_lengths),
+        "pass@k": _mean(pass_values),
+        "accuracy_lenient": _mean([float(ok) for ok in lenient]),
+        "pass@k_lenient": _mean(lenient_pass),
+    }
+    return records, summary
+
+
+def _grade_all(examples: Sequence[Example], responses: Sequence[Sequence[str]], n: int,
+               answer_format: str) -> tuple[list[dict], list[bool]]:
+    """Every sample's grade and lenient verdict, flat in example order (``n`` per example)."""
+    # Grade everything in one call so the grader's batch time bound covers the whole set.
+    flat_texts = [text for texts in responses for text in texts]
+    flat_truths = [ex.ground_truth for ex in examples for _ in range(n)]
+    grades = grade_batch(flat_texts, flat_truths, answer_format=answer_format)
+    if len(grades) != len(flat_texts):
+        raise RuntimeError(f"grader returned {len(grades)} grades for {len(flat_texts)} responses")
+    return grades, lenient_correct(flat_texts, flat_truths, grades)
+
+
+def _samples_per_example(examples: Sequence[Example], responses: Sequence[Sequence[str]],
+                         response_lengths: Sequence[Sequence[int]], k: int) -> int:
+    """The number of samples ``n`` every example has, once the responses and their lengths pair up
+    with the examples, every example has the same ``n`` and ``1 <= k <= n``."""
     if len(responses) != len(examples) or len(response_lengths) != len(examples):
         raise ValueError(
             f"need one list of responses and of lengths per example: {len(examples)} examples, "
@@ -129,59 +177,33 @@ def score_responses(
             )
     if not 1 <= k <= n:
         raise ValueError(f"pass@{k} needs at least k={k} samples per example, got {n}")
+    return n
 
-    # Grade everything in one call so the grader's batch time bound covers the whole set.
-    flat_texts = [text for texts in responses for text in texts]
-    flat_truths = [ex.ground_truth for ex in examples for _ in range(n)]
-    grades = grade_batch(flat_texts, flat_truths, answer_format=answer_format)
-    if len(grades) != len(flat_texts):
-        raise RuntimeError(f"grader returned {len(grades)} grades for {len(flat_texts)} responses")
-    lenient = lenient_correct(flat_texts, flat_truths, grades)
 
-    records: list[dict] = []
-    pass_values: list[float] = []
-    lenient_pass: list[float] = []
-    for i, ex in enumerate(examples):
-        sample_grades = grades[i * n:(i + 1) * n]
-        sample_lenient = [float(ok) for ok in lenient[i * n:(i + 1) * n]]
-        first = sample_grades[0]
-        num_correct = sum(_is_correct(g) for g in sample_grades)
-        pass_values.append(pass_at_k(n, num_correct, k))
-        lenient_pass.append(pass_at_k(n, int(sum(sample_lenient)), k))
-        records.append({
-            "index": ex.index,
-            "question": ex.question,
-            "ground_truth": ex.ground_truth,
-            "responses": list(responses[i]),
-            "response": responses[i][0],
-            "format_reward": float(first["format_reward"]),
-            "answer_reward": float(first["answer_reward"]),
-            "reward": float(first["reward"]),
-            "num_correct": int(num_correct),
-            "answer_reward_lenient": sample_lenient[0],
-            "num_correct_lenient": int(sum(sample_lenient)),
-            "response_length": int(response_lengths[i][0]),
-            "format_rewards": [float(g["format_reward"]) for g in sample_grades],
-            "answer_rewards": [float(g["answer_reward"]) for g in sample_grades],
-            "answer_rewards_lenient": sample_lenient,
-            "rewards": [float(g["reward"]) for g in sample_grades],
-            "response_lengths": [int(x) for x in response_lengths[i]],
-        })
-
-    flat_lengths = [int(x) for lengths in response_lengths for x in lengths]
-    summary = {
-        "num_examples": len(examples),
-        "num_samples": n,
-        "k": k,
-        "accuracy": _mean([float(g["answer_reward"]) for g in grades]),
-        "format_rate": _mean([float(g["format_reward"]) for g in grades]),
-        "mean_reward": _mean([float(g["reward"]) for g in grades]),
-        "mean_response_length": _mean(flat_lengths),
-        "pass@k": _mean(pass_values),
-        "accuracy_lenient": _mean([float(ok) for ok in lenient]),
-        "pass@k_lenient": _mean(lenient_pass),
+def _example_record(ex: Example, texts: Sequence[str], lengths: Sequence[int], sample_grades: list[dict],
+                    sample_lenient: list[float], num_correct: int) -> dict:
+    """One example's record (see :func:`score_responses`): its first sample's figures, the counts
+    of correct samples and every sample's figures."""
+    first = sample_grades[0]
+    return {
+        "index": ex.index,
+        "question": ex.question,
+        "ground_truth": ex.ground_truth,
+        "responses": list(texts),
+        "response": texts[0],
+        "format_reward": float(first["format_reward"]),
+        "answer_reward": float(first["answer_reward"]),
+        "reward": float(first["reward"]),
+        "num_correct": int(num_correct),
+        "answer_reward_lenient": sample_lenient[0],
+        "num_correct_lenient": int(sum(sample_lenient)),
+        "response_length": int(lengths[0]),
+        "format_rewards": [float(g["format_reward"]) for g in sample_grades],
+        "answer_rewards": [float(g["answer_reward"]) for g in sample_grades],
+        "answer_rewards_lenient": sample_lenient,
+        "rewards": [float(g["reward"]) for g in sample_grades],
+        "response_lengths": [int(x) for x in lengths],
     }
-    return records, summary
 
 
 def tokenize_prompts(tokenizer: Any, questions: Sequence[str], template: str | Prompt) -> list[list[int]]:

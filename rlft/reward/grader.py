@@ -79,6 +79,37 @@ WRONG_ANSWER = _reward(True, False)
 RIGHT_ANSWER = _reward(True, True)
 
 
+def _grade_in_process(responses: Sequence[str], ground_truths: Sequence[GroundTruth],
+                      split: Callable[[str], tuple[bool, str | None]], fast: bool,
+                      results: list[dict[str, float] | None], stats: GradeStats) -> list[_Job]:
+    """Grade in this process every response whose verdict needs no symbolic check (a format error,
+    no or an over-long answer, one decided by exact numbers, one unsafe for the LaTeX parser),
+    writing its reward into ``results`` and counting it in ``stats``; the jobs of the symbolic
+    checks the others still need, for the workers."""
+    jobs: list[_Job] = []
+    for i, (response, ground_truth) in enumerate(zip(responses, ground_truths)):
+        if not isinstance(response, str):
+            raise TypeError(f"responses[{i}] must be a str, got {type(response).__name__}")
+        golds = ground_truth_texts(ground_truth)
+        format_ok, answer = split(response)
+        if not format_ok:
+            results[i], stats.in_process = FORMAT_ERROR, stats.in_process + 1
+            continue
+        answer = None if answer is None else answer.strip()  # the cap counts the answer itself
+        if not answer or len(answer) > MAX_ANSWER_CHARS:
+            results[i], stats.in_process = WRONG_ANSWER, stats.in_process + 1
+            continue
+        verdict, undecided = decide_in_process(answer, golds, fast)
+        if verdict is not None:
+            results[i], stats.in_process = _reward(True, verdict), stats.in_process + 1
+        elif not is_safe_for_symbolic(answer):
+            results[i], stats.rejected = WRONG_ANSWER, stats.rejected + 1
+        else:
+            request = {"answer": answer, "golds": undecided}
+            jobs.append(_Job(i, request, counter="symbolic"))
+    return jobs
+
+
 class Grader(WorkerPool):
     """Grades responses on a :class:`~rlft.reward.pool.WorkerPool` of killable worker processes.
 
@@ -128,27 +159,7 @@ class Grader(WorkerPool):
         split = split or get_answer_format(answer_format).split
         stats = GradeStats(graded=len(responses))
         results: list[dict[str, float] | None] = [None] * len(responses)
-        jobs: list[tuple[int, str, list[str]]] = []
-        for i, (response, ground_truth) in enumerate(zip(responses, ground_truths)):
-            if not isinstance(response, str):
-                raise TypeError(f"responses[{i}] must be a str, got {type(response).__name__}")
-            golds = ground_truth_texts(ground_truth)
-            format_ok, answer = split(response)
-            if not format_ok:
-                results[i], stats.in_process = FORMAT_ERROR, stats.in_process + 1
-                continue
-            answer = None if answer is None else answer.strip()  # the cap counts the answer itself
-            if not answer or len(answer) > MAX_ANSWER_CHARS:
-                results[i], stats.in_process = WRONG_ANSWER, stats.in_process + 1
-                continue
-            verdict, undecided = decide_in_process(answer, golds, fast)
-            if verdict is not None:
-                results[i], stats.in_process = _reward(True, verdict), stats.in_process + 1
-            elif not is_safe_for_symbolic(answer):
-                results[i], stats.rejected = WRONG_ANSWER, stats.rejected + 1
-            else:
-                request = {"answer": answer, "golds": undecided}
-                jobs.append(_Job(i, request, counter="symbolic"))
+        jobs = _grade_in_process(responses, ground_truths, split, fast, results, stats)
 
         with self.batch(stats):
             outcomes = self._run_jobs(jobs, per_item, deadline, limit, stats) if jobs else {}

@@ -398,13 +398,18 @@ class WorkerPool:
                     worker.checks_done += 1
             if worker.ready and worker.task is None and worker.checks_done >= self.max_checks_per_worker:
                 self._remove(worker, graceful=True)
+        return finished + self._expire_overdue(stats)
 
+    def _expire_overdue(self, stats: GradeStats) -> list[tuple[_Job, str]]:
+        """Kill and replace each worker whose request is past its deadline (TIMED_OUT for its job,
+        a failed import for a load) and retire each that has not started within ``start_timeout``."""
+        expired: list[tuple[_Job, str]] = []
         now = time.monotonic()
         for worker in list(self._workers):
             if worker.task and now >= worker.task.deadline:
                 task, worker.task = worker.task, None
                 if task.job is not None:
-                    finished.append((task.job, TIMED_OUT))
+                    expired.append((task.job, TIMED_OUT))
                     stats.timed_out += 1
                 self._remove(worker)
                 self._spawn(stats)  # the replacement starts up while other requests run
@@ -412,7 +417,7 @@ class WorkerPool:
                     self._load_failed(task.loading, f"importing it took over {self.start_timeout:g} s")
             elif not worker.ready and now >= worker.started_at + self.start_timeout:
                 self._retire(worker, stats, crashed=False)
-        return finished
+        return expired
 
     def _load_failed(self, spec: str, reason: str) -> None:
         """Count a failed import of a reward function; raise after several in a row."""

@@ -83,17 +83,14 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
     rolled it back (`PolicyTrainer.update`): the weights stay those of the step before, and the
     step saves no periodic checkpoint; `optim.max_nonfinite_steps` of them in a row stop the run
     there: no checkpoint, no OUT/model, exit status 1 (`ctx.exit_code`)."""
-    from tqdm import tqdm
-
     cfg, roles, bridge = ctx.cfg, ctx.roles, ctx.bridge
     total = cfg.schedule.steps
     if start >= total:
         finish_exported_run(ctx, start, final_eval)
         return start
-    bar = tqdm(total=total, initial=start, desc=desc, unit="step", dynamic_ncols=True,
-               disable=roles.rank != 0 or not sys.stderr.isatty() and os.environ.get("RLFT_PROGRESS") != "1")
+    bar = progress_bar(ctx, start, total, desc)
     clock = StepClock(cfg.schedule.time_limit_minutes)
-    nonfinite_run, first_bad = 0, 0
+    nonfinite = NonfiniteStreak()
     bridge.bound_waits()  # start-up is over: a rank silent for topology.collective_timeout_minutes stops the launch
     step = start
     for step in range(start + 1, total + 1):
@@ -107,53 +104,114 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
         if step in cfg.schedule.profile_steps:
             metrics["profiled"] = 1  # its times include the profiler's own cost (benchmarks leave it out)
         flags = step_flags(ctx, metrics)
-        if flags["nonfinite"]:
-            first_bad = step if nonfinite_run == 0 else first_bad
-            nonfinite_run += 1
-        elif not flags["no_gradient"]:  # a step without a gradient changes nothing, sound or not
-            nonfinite_run = 0
-        diverged = nonfinite_run >= cfg.optim.max_nonfinite_steps
+        nonfinite.add(step, flags)
+        diverged = nonfinite.count >= cfg.optim.max_nonfinite_steps
         if last and not diverged:
-            # The step's own numbers go on record before the save and export: a launch cut short
-            # there keeps them (the final evaluation's are merged into the same line later).
-            early = bridge.gather_objects(metrics, dst=0)
-            if roles.rank == 0 and ctx.tracker is not None:
-                early = early + ([extra_metrics(early)] if extra_metrics else [])
-                ctx.tracker.record(step, merge_metrics(early)[0])
-            if cfg.output.save_at_end:
-                with ctx.timed("save"):
-                    save_checkpoint(ctx, step, final=True)
-            elif periodic_save(cfg, step, flags):  # a checkpoint it would save were it not the last
-                with ctx.timed("save"):
-                    save_checkpoint(ctx, step)
+            record_before_save(ctx, step, metrics, extra_metrics)
+            save_last_checkpoint(ctx, step, flags)
             metrics.update(final_eval(ctx, step))
-        metrics["seconds"] = {**ctx.seconds, "step": time.perf_counter() - t0}
-        clock.add(metrics["seconds"]["step"])
-        metrics["peak_memory_gb"] = peak_memory_gb(ctx.device, ctx)
-        note_sleep_mode(ctx, step, start, metrics)
-        if ctx.phase_memory_gb:
-            metrics["phase_memory_gb"] = dict(ctx.phase_memory_gb)
+        add_step_measures(ctx, step, start, metrics, seconds=time.perf_counter() - t0, clock=clock)
         gathered = bridge.gather_objects(metrics, dst=0)
         if roles.rank == 0:
-            summary = report(ctx, step, gathered + ([extra_metrics(gathered)] if extra_metrics else []))
-            bar.update(1)
-            bar.set_postfix_str(summary)
+            show_step(ctx, bar, step, with_extra(gathered, extra_metrics))
             if flags["nonfinite"] and not diverged:
-                log.warning("step %d: the loss or a gradient was not finite, or the update was not sane; the "
-                            "update was skipped or rolled back (%d in a row; optim.max_nonfinite_steps=%d stops "
-                            "the run)", step, nonfinite_run, cfg.optim.max_nonfinite_steps)
+                warn_nonfinite(ctx, step, nonfinite.count)
         if diverged:
-            stop_diverged(ctx, step, nonfinite_run, first_bad)
+            stop_diverged(ctx, step, nonfinite.count, nonfinite.first)
             break
         if not last and periodic_save(cfg, step, flags):
             save_checkpoint(ctx, step)
         if last:
-            if step < total:
-                log.info("schedule.time_limit_minutes (%g) reached after step %d of %d: saved and exported; "
-                         "launch again to continue from here", cfg.schedule.time_limit_minutes, step, total)
+            note_time_limit(ctx, step)
             break
     bar.close()
     return step
+
+
+def progress_bar(ctx: RankContext, start: int, total: int, desc: str):
+    """The steps' progress bar: shown on rank 0 when stderr is a terminal (or RLFT_PROGRESS=1)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=start, desc=desc, unit="step", dynamic_ncols=True,
+                disable=ctx.roles.rank != 0 or not sys.stderr.isatty() and os.environ.get("RLFT_PROGRESS") != "1")
+
+
+class NonfiniteStreak:
+    """The steps in a row whose loss or gradient was not finite or whose update was rolled back,
+    with no sound update between them: how many (`count`) and the first of them (`first`)."""
+
+    def __init__(self) -> None:
+        self.count, self.first = 0, 0
+
+    def add(self, step: int, flags: dict) -> None:
+        """Count `step` when its `flags` (`step_flags`) say its update was skipped or rolled back;
+        a sound update ends the streak, a step without a gradient leaves it as it is."""
+        if flags["nonfinite"]:
+            self.first = step if self.count == 0 else self.first
+            self.count += 1
+        elif not flags["no_gradient"]:  # a step without a gradient changes nothing, sound or not
+            self.count = 0
+
+
+def with_extra(gathered: list[dict] | None, extra_metrics: Callable[[list[dict]], dict] | None) -> list[dict] | None:
+    """Every rank's metrics (rank 0 only; None elsewhere) and, when given, `extra_metrics` of them."""
+    if gathered is None:
+        return None
+    return gathered + ([extra_metrics(gathered)] if extra_metrics else [])
+
+
+def record_before_save(ctx: RankContext, step: int, metrics: dict,
+                       extra_metrics: Callable[[list[dict]], dict] | None) -> None:
+    """The last step's own numbers go on record before the save and export: a launch cut short
+    there keeps them (the final evaluation's are merged into the same line later)."""
+    early = ctx.bridge.gather_objects(metrics, dst=0)
+    if ctx.roles.rank == 0 and ctx.tracker is not None:
+        ctx.tracker.record(step, merge_metrics(with_extra(early, extra_metrics))[0])
+
+
+def save_last_checkpoint(ctx: RankContext, step: int, flags: dict) -> None:
+    """The last step's checkpoint (published as the run's last, `output.save_at_end`), or without
+    it the periodic checkpoint the step would save were it not the last."""
+    if ctx.cfg.output.save_at_end:
+        with ctx.timed("save"):
+            save_checkpoint(ctx, step, final=True)
+    elif periodic_save(ctx.cfg, step, flags):
+        with ctx.timed("save"):
+            save_checkpoint(ctx, step)
+
+
+def add_step_measures(ctx: RankContext, step: int, start: int, metrics: dict, *, seconds: float,
+                      clock: StepClock) -> None:
+    """Add what the step measured to its metrics: its phases' seconds and its own (which the time
+    budget's `clock` counts), the peak memory, the engines' sleep mode and the memory by phase."""
+    metrics["seconds"] = {**ctx.seconds, "step": seconds}
+    clock.add(metrics["seconds"]["step"])
+    metrics["peak_memory_gb"] = peak_memory_gb(ctx.device, ctx)
+    note_sleep_mode(ctx, step, start, metrics)
+    if ctx.phase_memory_gb:
+        metrics["phase_memory_gb"] = dict(ctx.phase_memory_gb)
+
+
+def show_step(ctx: RankContext, bar, step: int, gathered: list[dict] | None) -> None:
+    """Report the step (`report`) and move the progress bar on, the report's line beside it."""
+    summary = report(ctx, step, gathered)
+    bar.update(1)
+    bar.set_postfix_str(summary)
+
+
+def note_time_limit(ctx: RankContext, step: int) -> None:
+    """Say so when the last step came before `schedule.steps`: the time budget ended the launch."""
+    cfg = ctx.cfg
+    if step < cfg.schedule.steps:
+        log.info("schedule.time_limit_minutes (%g) reached after step %d of %d: saved and exported; "
+                 "launch again to continue from here", cfg.schedule.time_limit_minutes, step, cfg.schedule.steps)
+
+
+def warn_nonfinite(ctx: RankContext, step: int, count: int) -> None:
+    """The warning of a step whose update was skipped or rolled back, the `count`-th in a row."""
+    log.warning("step %d: the loss or a gradient was not finite, or the update was not sane; the "
+                "update was skipped or rolled back (%d in a row; optim.max_nonfinite_steps=%d stops "
+                "the run)", step, count, ctx.cfg.optim.max_nonfinite_steps)
 
 
 def periodic_save(cfg, step: int, flags: dict) -> bool:
