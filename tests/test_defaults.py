@@ -14,7 +14,7 @@ def named_defaults() -> dict[str, str]:
     from rlft.data import GSM_SYMBOLIC
     from rlft.grpo.choices import DEFAULT_ADVANTAGE_ESTIMATOR, DEFAULT_AGGREGATION, DEFAULT_KL_ESTIMATOR
     from rlft.models.loading import DEFAULT_MODEL
-    from rlft.prompts import DEFAULT_PROMPT_TEMPLATE
+    from rlft.data.prompts import DEFAULT_PROMPT_TEMPLATE
     from rlft.reward.formats import DEFAULT_ANSWER_FORMAT
     from rlft.reward.functions import DEFAULT_REWARD_FN
 

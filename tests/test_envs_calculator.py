@@ -20,7 +20,7 @@ from rlft.envs.calculator import (
     run_calculator_call,
 )
 from rlft.envs.tool_calls import ToolCall, parse_tool_calls
-from rlft.prompts import Prompt
+from rlft.data.prompts import Prompt
 
 
 @pytest.mark.parametrize("expression, result", [

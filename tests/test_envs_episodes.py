@@ -18,7 +18,7 @@ from rlft.envs.base import Environment, EpisodeStart, StepResult
 from rlft.envs.calculator import CALCULATOR_TOOL, CalculatorEnvironment
 from rlft.envs.episodes import EpisodeResult, open_episodes, reply_token_ids, run_episodes
 from rlft.envs.metrics import episode_metrics, episode_sample
-from rlft.prompts import Prompt
+from rlft.data.prompts import Prompt
 
 PROMPT = Prompt("chat", answer_format="boxed")
 

@@ -35,7 +35,7 @@ def taught(tmp_path_factory):
 
     from conftest import write_gsm8k_dir
     from rlft.envs.registry import make_environment
-    from rlft.prompts import Prompt
+    from rlft.data.prompts import Prompt
 
     root = tmp_path_factory.mktemp("tool_eval")
     model = tiny_tool_model(root)

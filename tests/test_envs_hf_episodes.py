@@ -13,7 +13,7 @@ from rlft.engines.hf_engine import HFEngine
 from rlft.envs.base import Environment, EpisodeStart, StepResult
 from rlft.envs.episodes import open_episodes, reply_token_ids, run_episodes
 from rlft.envs.registry import make_environment
-from rlft.prompts import Prompt
+from rlft.data.prompts import Prompt
 from rlft.reward.formats import get_answer_format
 from rlft.roles.reference import sequence_logprobs
 from tiny_models import qwen_tokenizer_dir, tiny_model_dir

@@ -16,7 +16,7 @@ from rlft.envs.registry import (
     make_environment,
     register_environment,
 )
-from rlft.prompts import Prompt
+from rlft.data.prompts import Prompt
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 

@@ -12,7 +12,7 @@ import pytest
 
 from rlft.config import ConfigError, build_config, load_config
 from rlft.data import load_examples
-from rlft.rows import GOLD_KINDS, RowMapping, check_local_fields, read_boxed, read_gsm8k, read_plain
+from rlft.data.rows import GOLD_KINDS, RowMapping, check_local_fields, read_boxed, read_gsm8k, read_plain
 
 REPO = Path(__file__).resolve().parents[1]
 MATH_SMALL = REPO / "tests" / "fixtures" / "math_small"

@@ -52,7 +52,7 @@ def taught_tool_use(root: Path) -> tuple[str, Path, dict[int, int]]:
 
     from conftest import write_gsm8k_dir
     from rlft.envs.registry import make_environment
-    from rlft.prompts import Prompt
+    from rlft.data.prompts import Prompt
     from tool_episodes import CALL, script_episode, teach_episodes, tiny_tool_model
 
     model = tiny_tool_model(root)

@@ -38,7 +38,7 @@ from typing import Any
 
 from rlft.envs.base import Environment, EpisodeStart, StepResult
 from rlft.envs.tool_calls import TOOL_CALL_CLOSE, ToolCall, parse_tool_calls
-from rlft.prompts import Prompt
+from rlft.data.prompts import Prompt
 
 MAX_EXPRESSION_CHARS = 256
 MAX_DEPTH = 64

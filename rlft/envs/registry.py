@@ -26,7 +26,7 @@ from typing import Callable
 
 from rlft.envs.base import Environment, EpisodeStart, SingleTurnEnvironment
 from rlft.envs.calculator import CalculatorEnvironment
-from rlft.prompts import Prompt
+from rlft.data.prompts import Prompt
 
 DEFAULT_ENVIRONMENT = "single_turn"
 # The probe episode make_environment opens (a GSM8K-like question and its answer).
@@ -45,7 +45,7 @@ class EnvironmentSpecError(ValueError):
 class EnvironmentRecord:
     """One environment choice.
 
-    ``build(prompt, **options) -> Environment``: the run's :class:`~rlft.prompts.Prompt` and the
+    ``build(prompt, **options) -> Environment``: the run's :class:`~rlft.data.prompts.Prompt` and the
     environment's options from the config.  ``multi_turn``: episodes may take several turns (the
     rollout then runs :func:`rlft.envs.episodes.run_episodes`; False: one engine call as today).
     ``needs_chat``: it works only with a chat prompt (tools go through the chat template).

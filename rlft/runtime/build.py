@@ -114,7 +114,7 @@ def build_evaluator(ctx: RankContext, training: Training):
 
 def check_prompt_fits_tokenizer(ctx: RankContext) -> None:
     """A chat prompt needs a tokenizer with a chat template: one line at start, before any engine."""
-    from rlft.prompts import prompt_of
+    from rlft.data.prompts import prompt_of
 
     try:
         prompt_of(ctx.cfg).check_tokenizer(ctx.tokenizer, ctx.cfg.model.path)
@@ -129,7 +129,7 @@ def prompt_limit(cfg: RunConfig, model_path: str, *, evaluation: bool) -> int | 
     `context_limit`)."""
     from rlft.engines import backend_record
     from rlft.models.loading import context_length
-    from rlft.prompts import prompt_token_limit
+    from rlft.data.prompts import prompt_token_limit
 
     s = cfg.sampling
     if evaluation and s.eval_max_tokens is not None:

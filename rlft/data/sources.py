@@ -9,7 +9,7 @@ Sources:
 * Any other file (``.jsonl``, ``.parquet``, ``.csv``) or hub dataset (with its config and split):
   ``data.fields`` or a row adapter says which fields hold the question and the gold, and how the
   gold is read (the number after ``####``, a solution's last ``\\boxed{}`` kept as LaTeX, or the
-  field itself); see :mod:`rlft.rows`.
+  field itself); see :mod:`rlft.data.rows`.
 * ``gsm_symbolic`` — ``reasoning_gym``'s generator of GSM8K-derived problems: offline and
   deterministic for a seed, the default when no data is at hand.
 * ``reasoning_gym:TASK`` or ``reasoning_gym:TASK?key=value&key=value`` — any other ``reasoning_gym``
@@ -64,7 +64,7 @@ class Example:
     Attributes:
         question: the problem text put into the prompt.
         ground_truth: the normalised numeric answer, e.g. ``"1234"``, ``"-7"``, ``"0.5"``, or (a
-            ``boxed`` or ``plain`` gold, :mod:`rlft.rows`) the answer as written, LaTeX kept whole:
+            ``boxed`` or ``plain`` gold, :mod:`rlft.data.rows`) the answer as written, LaTeX kept whole:
             ``"\\frac{1}{2}"``, ``"[2, 5)"``.
         solution: the reference solution (GSM8K ``answer`` text with ``####``, or a MATH-style
             solution ending in ``\\boxed{}``), or None when the source has no worked solution.
@@ -132,7 +132,7 @@ def _row_to_example(row: Any, source: str, index: int, skipped: Counter) -> Exam
 
 @dataclass
 class _GSM8KReader:
-    """GSM8K's rows, the default reading (:class:`rlft.rows.RowMapping` gives others the same interface)."""
+    """GSM8K's rows, the default reading (:class:`rlft.data.rows.RowMapping` gives others the same interface)."""
 
     where: str
 
@@ -144,7 +144,7 @@ class _GSM8KReader:
 
 
 def _reader(rows: Any, where: str):
-    """The reader of one file's rows: GSM8K's, or ``rows.reader(where)`` (a :class:`rlft.rows.RowMapping`,
+    """The reader of one file's rows: GSM8K's, or ``rows.reader(where)`` (a :class:`rlft.data.rows.RowMapping`,
     which builds on this module and is passed in, never imported here)."""
     return _GSM8KReader(where) if rows is None else rows.reader(where)
 
@@ -272,7 +272,7 @@ def _warn_skipped(result: LoadResult, what: str) -> None:
 
 def load_gsm8k(source: str, split: str, rows: Any = None) -> LoadResult:
     """Load rows from a local file/directory or a hub dataset id: GSM8K's (``question``, and
-    ``answer`` with its ``####``), or those ``rows`` maps (:class:`rlft.rows.RowMapping`: other field
+    ``answer`` with its ``####``), or those ``rows`` maps (:class:`rlft.data.rows.RowMapping`: other field
     names, a ``\\boxed{}`` or plain gold, a row adapter, the hub dataset's config).
 
     Args:

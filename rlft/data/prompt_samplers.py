@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rlft.data import PromptSampler
+from rlft.data.sources import PromptSampler
 
 
 @dataclass(frozen=True)
