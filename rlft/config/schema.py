@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from rlft.config.role_records import placed_ranks
-from rlft.data import GSM_SYMBOLIC
+from rlft.data.generated import GSM_SYMBOLIC
 from rlft.engines.base import SamplingSpec, check_sampling_ranges  # noqa: F401  (check_sampling_ranges: re-exported)
 from rlft.grpo.choices import (
     DEFAULT_ADVANTAGE_ESTIMATOR,

@@ -21,7 +21,7 @@ import logging
 import re
 from dataclasses import dataclass
 
-from rlft.data.sources import LoadResult, parse_gsm8k_ground_truth
+from rlft.data.examples import LoadResult, parse_gsm8k_ground_truth
 from rlft.reward.formats import DEFAULT_ANSWER_FORMAT, get_answer_format
 
 logger = logging.getLogger(__name__)

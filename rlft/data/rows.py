@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rlft.data.sources import (
+from rlft.data.examples import (
     SKIP_MISSING_FIELD,
     SKIP_NO_FINAL_ANSWER,
     SKIP_NON_NUMERIC_ANSWER,
@@ -283,7 +283,7 @@ def first_rows(path: Path, limit: int = 100) -> list[Any] | None:
 
 
 def is_generated(source: str) -> bool:
-    from rlft.data.sources import parse_reasoning_gym_source
+    from rlft.data.generated import parse_reasoning_gym_source
 
     try:
         return parse_reasoning_gym_source(source) is not None
@@ -323,12 +323,12 @@ def check_local_fields(d, splits: tuple[str, ...]) -> None:
     """Before a launch: the first rows of each local ``.jsonl``/``.csv`` split file hold the mapped
     fields (and the adapter maps them); MissingFieldError / ValueError, one line, otherwise.  Files
     of other kinds, hub datasets and missing splits are left to the loader."""
-    from rlft.data.sources import _split_files
+    from rlft.data.sources import split_files
 
     path = Path(d.source).expanduser()
     if is_generated(d.source) or not path.exists():
         return
-    files = [path] if path.is_file() else [fs[0] for fs in (_split_files(path, s) for s in splits) if fs]
+    files = [path] if path.is_file() else [fs[0] for fs in (split_files(path, s) for s in splits) if fs]
     mapping = RowMapping.of(d)
     for file in dict.fromkeys(files):
         rows = first_rows(file)
@@ -341,7 +341,7 @@ def check_local_fields(d, splits: tuple[str, ...]) -> None:
 
 
 def load_split(d, split: str, *, size: int | None, seed: int):
-    """``split`` of the run's data section ``d`` (:func:`rlft.data.load_examples` with its mapping)."""
+    """``split`` of the run's data section ``d`` (:func:`rlft.data.sources.load_examples` with its mapping)."""
     from rlft.data.sources import load_examples
 
     return load_examples(d.source, split, size=size, seed=seed, rows=RowMapping.of(d))
