@@ -26,14 +26,12 @@ do have (:class:`MissingFieldError`); a row without it is skipped and counted li
 """
 from __future__ import annotations
 
-import importlib
-import inspect
-import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from rlft.common import import_object
 from rlft.data.examples import (
     SKIP_MISSING_FIELD,
     SKIP_NO_FINAL_ANSWER,
@@ -113,38 +111,16 @@ GOLD_KINDS: dict[str, GoldKind] = {k.name: k for k in (
 
 # --------------------------------------------------------------------------- adapters
 
-_SPEC = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 _adapters: dict[str, Callable] = {}
 
 
 def load_adapter(spec: str) -> Callable[[dict], Any]:
-    """The function ``"package.module:function"`` names (imported once); ValueError, one line, when it
-    cannot be imported or does not take one argument (the row)."""
+    """The function ``"package.module:function"`` names (imported once); ValueError, one line naming
+    ``data.adapter``, when it cannot be imported or does not take one argument (the row)."""
     if spec in _adapters:
         return _adapters[spec]
-    if not isinstance(spec, str) or not _SPEC.fullmatch(spec.strip()):
-        raise ValueError(f"expected 'package.module:function', got {spec!r}")
-    module_name, _, name = spec.strip().partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - ImportError, or the module's own code failing
-        raise ValueError(f"{spec}: cannot import module {module_name!r} ({type(exc).__name__}: "
-                         f"{' '.join(str(exc).split())})") from None
-    for part in name.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{spec}: module {module_name!r} has no attribute {name!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"{spec}: is not callable (it is a {type(obj).__name__})")
-    try:
-        inspect.signature(obj).bind({})
-    except TypeError:
-        raise ValueError(f"{spec}: must take one argument, the row (a dict); its signature is "
-                         f"{inspect.signature(obj)}") from None
-    except ValueError:
-        pass  # no signature to inspect
-    _adapters[spec] = obj
-    return obj
+    _adapters[spec] = import_object(spec, "data.adapter", call_with=({},), takes="one argument, the row (a dict)")
+    return _adapters[spec]
 
 
 # --------------------------------------------------------------------------- the mapping
@@ -306,10 +282,7 @@ def check_data_config(d) -> None:
         if (f.question, f.gold) != (default.question, default.gold):
             raise ValueError("data.adapter: the adapter maps each row itself; leave data.fields.question and "
                              "data.fields.gold unset (data.fields.gold_kind still reads the gold it returns)")
-        try:
-            load_adapter(d.adapter)
-        except ValueError as e:
-            raise ValueError(f"data.adapter: {e}") from None
+        load_adapter(d.adapter)
     if is_generated(d.source):
         changed = [f"data.fields.{k}" for k in ("question", "gold", "gold_kind")
                    if getattr(f, k) != getattr(default, k)]
