@@ -27,8 +27,8 @@ def tok():
 
 @pytest.fixture(scope="module")
 def calculator():
-    from rlft.envs.registry import make_environment
     from rlft.data.prompts import Prompt
+    from rlft.envs.registry import make_environment
 
     return make_environment("calculator", Prompt("chat", answer_format="boxed"))
 

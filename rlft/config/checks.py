@@ -270,8 +270,8 @@ def _check_schedule(sch: schema.ScheduleConfig) -> None:
 def _check_environment(cfg: RunConfig) -> None:
     """The environment can be had (a registered name, or a module:Class that imports and is an
     Environment), its episodes fit the settings, and one that offers tools has a chat prompt."""
-    from rlft.envs.registry import EnvironmentSpecError, environment_record
     from rlft.data.prompts import prompt_of
+    from rlft.envs.registry import EnvironmentSpecError, environment_record
 
     e = cfg.environment
     try:

@@ -16,8 +16,8 @@ from rlft.grpo.choices import (
     OLD_LOGPROB_SOURCES,
     ROLLOUT_IS_MODES,
 )
-from rlft.models.loading import DEFAULT_MODEL
 from rlft.data.prompts import DEFAULT_PROMPT_TEMPLATE
+from rlft.models.loading import DEFAULT_MODEL
 from rlft.reward.formats import DEFAULT_ANSWER_FORMAT
 from rlft.reward.functions import DEFAULT_REWARD_FN
 

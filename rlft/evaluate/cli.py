@@ -361,8 +361,8 @@ def drop_long_questions(sets: list[tuple[DataSpec, list]], tokenizer, model_path
     positions (one warning per set says how many), and how many each lost.  Raises InputError when
     no prompt can fit, or a set loses every question."""
     from rlft.data import LoadResult
-    from rlft.models.loading import context_length
     from rlft.data.prompts import SKIP_PROMPT_TOO_LONG, drop_long_prompts, prompt_token_limit
+    from rlft.models.loading import context_length
 
     try:
         limit = prompt_token_limit(context_length(model_path), max_tokens, "--max-tokens")

@@ -21,10 +21,10 @@ from rlft.batching.batch import RolloutBatch, build_rollout_batch, tokenize_prom
 from rlft.common import log
 from rlft.config import ConfigError, RunConfig
 from rlft.data import PromptSampler
-from rlft.envs.registry import environment_record, make_environment
-from rlft.envs.sft_targets import TargetError, has_tool_responses, target_token_ids
 from rlft.data.prompts import DEFAULT_PROMPT_TEMPLATE, Prompt, format_sft_target, prompt_of
 from rlft.data.rows import load_split
+from rlft.envs.registry import environment_record, make_environment
+from rlft.envs.sft_targets import TargetError, has_tool_responses, target_token_ids
 
 # Reasons a training row is left out (counted and logged once).
 SKIP_NO_SOLUTION = "no_solution"  # no worked solution, or one format_sft_target cannot rewrite

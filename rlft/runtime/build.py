@@ -127,9 +127,9 @@ def prompt_limit(cfg: RunConfig, model_path: str, *, evaluation: bool) -> int | 
     """The longest prompt that leaves room for the response budget (`sampling.max_tokens`, or the
     evaluation's) in the model's positions and those the engine's settings allow (its record's
     `context_limit`)."""
+    from rlft.data.prompts import prompt_token_limit
     from rlft.engines import backend_record
     from rlft.models.loading import context_length
-    from rlft.data.prompts import prompt_token_limit
 
     s = cfg.sampling
     if evaluation and s.eval_max_tokens is not None:
