@@ -6,7 +6,7 @@
     prompts.py      kept for the modules that still import it: rlft.data.prompts' names
     rows.py         kept for the modules that still import it: rlft.data.rows' names
     curves.py       python -m rlft.curves: a run's reward curve and summary line
-    common.py       small helpers every package uses (dtypes, log lines, ports)
+    common.py       small helpers every package uses (dtypes, log lines, ports, "module:attribute" settings)
     config/         the run's configuration: schema, loading, checks, topology, launch plan
     data/           the run's data: examples (files, hub, generated), rows -> problems, prompts, prompt order
     grpo/           GRPO-family maths as pure torch functions, behind registries of records
