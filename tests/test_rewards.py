@@ -149,7 +149,8 @@ def test_format_weight_and_timeouts_are_checked():
     [
         ("rlft_test_custom_rewards.contains",
          "^reward function 'rlft_test_custom_rewards.contains': expected 'package.module:function'$"),
-        ("rlft_test_custom_rewards:", "^reward function 'rlft_test_custom_rewards:': expected 'package.module:function'$"),
+        ("rlft_test_custom_rewards:",
+         "^reward function 'rlft_test_custom_rewards:': expected 'package.module:function'$"),
         ("", "^reward function '': expected 'package.module:function'$"),
         ("no_such_package_xyz.rewards:fn",
          "cannot import module 'no_such_package_xyz.rewards' \\(ModuleNotFoundError"),
