@@ -42,7 +42,7 @@ GRPO_CONFIG="${GRPO_CONFIG:-launch/configs/grpo_1gpu.yaml}"
 GPUS="${GPUS:-1}"
 BACKEND="${BACKEND:-vllm}"
 EXTRA_ARGS="${EXTRA_ARGS:-}"
-# Candidate easy tasks, easiest first: reasoning_gym sources (see rlft/data.py).
+# Candidate easy tasks, easiest first: reasoning_gym sources (see rlft/data/generated.py).
 EASY_TASKS="${EASY_TASKS:-reasoning_gym:chain_sum?min_terms=2&max_terms=2&min_digits=1&max_digits=2 reasoning_gym:chain_sum?min_terms=2&max_terms=3&min_digits=2&max_digits=2 reasoning_gym:basic_arithmetic?min_terms=2&max_terms=3&min_digits=1&max_digits=2}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 mkdir -p "$out"

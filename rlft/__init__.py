@@ -3,13 +3,12 @@
     train_grpo.py   python -m rlft.train_grpo: every rank's GRPO step, top to bottom
     train_sft.py    python -m rlft.train_sft: the SFT step on the same runtime
     objectives.py   what the policy optimises: GRPOObjective and SFTObjective around the grpo maths
-    data.py         training and eval examples: GSM8K files, hub datasets, generated tasks
-    prompts.py      the prompt of a run: R1-Zero text or the tokenizer's chat template
-    rows.py         data.fields / data.adapter: a dataset's rows -> question and gold
-    prompt_samplers.py  data.sampler: the order prompts are drawn in (uniform, difficulty)
+    prompts.py      kept for the modules that still import it: rlft.data.prompts' names
+    rows.py         kept for the modules that still import it: rlft.data.rows' names
     curves.py       python -m rlft.curves: a run's reward curve and summary line
-    common.py       small helpers every package uses (dtypes, log lines, ports)
+    common.py       small helpers every package uses (dtypes, log lines, ports, "module:attribute" settings)
     config/         the run's configuration: schema, loading, checks, topology, launch plan
+    data/           the run's data: examples (files, hub, generated), rows -> problems, prompts, prompt order
     grpo/           GRPO-family maths as pure torch functions, behind registries of records
     reward/         answers, formats, the grader and its worker pool, reward functions
     batching/       rollouts -> the padded training batch, micro-batches, dynamic sampling, overlong

@@ -1,12 +1,15 @@
 """Small rules several modules share, each written once: the run's logger, what a hub id looks like,
-dtype names and the one dtype rule, a free TCP port, and a whole line on stderr.  Nothing here imports
-torch at module level."""
+dtype names and the one dtype rule, a free TCP port, a whole line on stderr, and the object a
+``"module:attribute"`` setting names.  Nothing here imports torch at module level."""
 from __future__ import annotations
 
+import importlib
+import inspect
 import logging
 import re
 import socket
 from pathlib import Path
+from typing import Any
 
 # The run's log lines (set up per rank by rlft.runtime.reporting.setup_logging).
 log = logging.getLogger("rlft")
@@ -124,3 +127,62 @@ def say_line(line: str) -> None:
         return
     while data:
         data = data[os.write(fd, data):]
+
+
+# ---------------------------------------------------------------- "module:attribute" settings
+
+_DOTTED_NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+OBJECT_SPEC = re.compile(rf"{_DOTTED_NAME}:{_DOTTED_NAME}")  # "package.module:function", "module:Outer.Inner"
+
+
+def _cause(exc: BaseException, limit: int = 300) -> str:
+    """``"Type: message"`` on one line (whitespace collapsed, at most `limit` characters of message)."""
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def import_object(spec: str, what: str, *, form: str = "package.module:function", require_callable: bool = True,
+                  call_with: tuple | None = None, takes: str = "", error: type[ValueError] = ValueError) -> Any:
+    """The object a setting names as ``"package.module:name"`` (``name`` may be dotted: ``Class.method``),
+    its module imported.
+
+    Every failure is one `error` (ValueError by default) whose one-line message starts with `what`
+    (the setting, e.g. ``"reward function"``, ``"data.adapter"``) and the spec as given:
+
+    * ``<what> '<spec>': expected '<form>'`` -- not a string of the form ``module:name``;
+    * ``<what> '<spec>': cannot import module 'm' (ModuleNotFoundError: No module named 'm')`` -- the
+      module (or one it imports) cannot be found;
+    * ``<what> '<spec>': importing module 'm' failed (RuntimeError: ...)`` -- the module's own code
+      raised while it was imported (that exception is the error's ``__cause__``);
+    * ``<what> '<spec>': module 'm' has no attribute 'f'`` (``'Outer' has no attribute 'f'`` for a
+      dotted name);
+    * ``<what> '<spec>' is not callable (it is a int)`` -- when `require_callable` (the default);
+    * ``<what> '<spec>' must accept <takes>; its signature is (x)`` -- when `call_with` is given and
+      the object cannot be called with those arguments (objects without a signature pass).
+    """
+    if not isinstance(spec, str) or OBJECT_SPEC.fullmatch(spec.strip()) is None:
+        raise error(f"{what} {spec!r}: expected {form!r}")
+    module_name, _, name = spec.strip().partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise error(f"{what} {spec!r}: cannot import module {module_name!r} ({_cause(exc)})") from exc
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the module's own code failed while importing
+        raise error(f"{what} {spec!r}: importing module {module_name!r} failed ({_cause(exc)})") from exc
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if not hasattr(obj, part):
+            owner = f"module {module_name!r}" if i == 0 else repr(".".join(parts[:i]))
+            raise error(f"{what} {spec!r}: {owner} has no attribute {part!r}")
+        obj = getattr(obj, part)
+    if require_callable and not callable(obj):
+        raise error(f"{what} {spec!r} is not callable (it is a {type(obj).__name__})")
+    if call_with is not None:
+        try:
+            inspect.signature(obj).bind(*call_with)
+        except TypeError:
+            raise error(f"{what} {spec!r} must accept {takes}; its signature is {inspect.signature(obj)}") from None
+        except ValueError:
+            pass  # no signature to inspect (some builtins): the first call will tell
+    return obj

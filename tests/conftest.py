@@ -73,7 +73,7 @@ def taught_sums(root: Path, *, teach_steps: int, test_size: int) -> tuple[Path, 
     and the 8 questions as a GSM8K-layout directory (half of them answered 5, half 7; the first
     `test_size` in the test split): groups mix rewards 0 and 1, so the policy gradient is not zero.
     Returns (model directory, data directory)."""
-    from rlft.prompts import format_prompt
+    from rlft.data.prompts import format_prompt
     from tiny_models import tiny_model_dir
 
     model = tiny_model_dir(root / "model", family="llama", num_layers=4, tie_word_embeddings=True)

@@ -18,7 +18,7 @@ from rlft.data import (
     load_gsm_symbolic,
     parse_gsm8k_ground_truth,
 )
-from rlft.prompts import R1_ZERO_PROMPT, format_prompt, format_sft_target
+from rlft.data.prompts import R1_ZERO_PROMPT, format_prompt, format_sft_target
 
 # A full GSM8K copy (train.jsonl, test.jsonl), for the full-size checks only.
 GSM8K_FULL_ENV = "RLFT_GSM8K_DIR"
@@ -333,7 +333,7 @@ def _gsm8k_split(path: Path, questions: list[str]) -> Path:
 
 
 def test_prompts_longer_than_the_limit_are_skipped_and_counted(tiny_tokenizer, caplog):
-    from rlft.prompts import SKIP_PROMPT_TOO_LONG, drop_long_prompts, prompt_token_limit
+    from rlft.data.prompts import SKIP_PROMPT_TOO_LONG, drop_long_prompts, prompt_token_limit
 
     short = [Example(f"What is {i} plus 1?", str(i + 1), None, "t", i) for i in range(3)]
     huge = Example("Count the apples: " + "one apple and " * 20_000, "1", None, "t", 3)  # ~0.3 MB

@@ -12,9 +12,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rlft"
 def named_defaults() -> dict[str, str]:
     """value -> the constant that names it."""
     from rlft.data import GSM_SYMBOLIC
+    from rlft.data.prompts import DEFAULT_PROMPT_TEMPLATE
     from rlft.grpo.choices import DEFAULT_ADVANTAGE_ESTIMATOR, DEFAULT_AGGREGATION, DEFAULT_KL_ESTIMATOR
     from rlft.models.loading import DEFAULT_MODEL
-    from rlft.prompts import DEFAULT_PROMPT_TEMPLATE
     from rlft.reward.formats import DEFAULT_ANSWER_FORMAT
     from rlft.reward.functions import DEFAULT_REWARD_FN
 

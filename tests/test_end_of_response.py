@@ -73,7 +73,7 @@ def test_a_chat_sft_target_ends_with_the_end_of_turn_token_and_trains_it():
     from transformers import AutoTokenizer
 
     from rlft.data import Example
-    from rlft.prompts import Prompt
+    from rlft.data.prompts import Prompt
     from rlft.roles.sft_data import build_sft_data, sft_batch
     from tiny_models import qwen_tokenizer_dir
 

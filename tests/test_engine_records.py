@@ -220,6 +220,21 @@ def test_a_new_engine_is_its_module_named_in_the_config(throwaway_module, tmp_pa
         0.0, False, False)
 
 
+
+def test_an_engine_class_that_cannot_be_imported_is_one_line_naming_the_backend():
+    from rlft.engines import Backend
+
+    for engine, cause in [("rlft_no_such_module_xyz:Engine", "cannot import module 'rlft_no_such_module_xyz' "
+                                                             "(ModuleNotFoundError: No module named "
+                                                             "'rlft_no_such_module_xyz')"),
+                          ("rlft.engines.hf_engine:NoSuchEngine",
+                           "module 'rlft.engines.hf_engine' has no attribute 'NoSuchEngine'")]:
+        with pytest.raises(ValueError) as err:
+            Backend("broken", engine=engine).build("model", dtype="float32", device="cpu", seed=0, tokenizer=None,
+                                                    options={})
+        assert str(err.value) == f"rollout backend 'broken': engine {engine!r}: {cause}"
+
+
 # ---------------------------------------------------------------- nothing else knows an engine
 
 # vLLM's settings read past its record, or the configured engine's name compared with one.

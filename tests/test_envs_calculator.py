@@ -19,8 +19,8 @@ from rlft.envs.calculator import (
     format_number,
     run_calculator_call,
 )
+from rlft.data.prompts import Prompt
 from rlft.envs.tool_calls import ToolCall, parse_tool_calls
-from rlft.prompts import Prompt
 
 
 @pytest.mark.parametrize("expression, result", [

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from rlft.batching.batch import build_rollout_batch
+from rlft.data.prompts import Prompt
 from rlft.engines.base import Completion, RolloutEngine, SamplingSpec
 from rlft.envs.base import Environment, EpisodeStart, StepResult
 from rlft.envs.calculator import CALCULATOR_TOOL, CalculatorEnvironment
 from rlft.envs.episodes import EpisodeResult, open_episodes, reply_token_ids, run_episodes
 from rlft.envs.metrics import episode_metrics, episode_sample
-from rlft.prompts import Prompt
 
 PROMPT = Prompt("chat", answer_format="boxed")
 

@@ -34,8 +34,8 @@ def taught(tmp_path_factory):
     from transformers import AutoTokenizer
 
     from conftest import write_gsm8k_dir
+    from rlft.data.prompts import Prompt
     from rlft.envs.registry import make_environment
-    from rlft.prompts import Prompt
 
     root = tmp_path_factory.mktemp("tool_eval")
     model = tiny_tool_model(root)

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from rlft.batching.batch import build_rollout_batch
+from rlft.data.prompts import Prompt
 from rlft.engines.base import SamplingSpec
 from rlft.engines.hf_engine import HFEngine
 from rlft.envs.base import Environment, EpisodeStart, StepResult
 from rlft.envs.episodes import open_episodes, reply_token_ids, run_episodes
 from rlft.envs.registry import make_environment
-from rlft.prompts import Prompt
 from rlft.reward.formats import get_answer_format
 from rlft.roles.reference import sequence_logprobs
 from tiny_models import qwen_tokenizer_dir, tiny_model_dir

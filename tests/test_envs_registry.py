@@ -16,7 +16,7 @@ from rlft.envs.registry import (
     make_environment,
     register_environment,
 )
-from rlft.prompts import Prompt
+from rlft.data.prompts import Prompt
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 
@@ -117,9 +117,9 @@ def test_a_users_class_is_loaded_checked_and_built_with_its_options(user_modules
 
 BROKEN = {
     "import_error": ("import json\nraise RuntimeError('no backend here\\nsecond line')\n", "Echo",
-                     "cannot import module '{m}' (RuntimeError: no backend here)"),
-    "syntax_error": ("def broken(:\n    pass\n", "Echo", "cannot import module '{m}' (SyntaxError: "),
-    "missing_class": ("X = 1\n", "Echo", "'{m}' has no attribute 'Echo'"),
+                     "importing module '{m}' failed (RuntimeError: no backend here second line)"),
+    "syntax_error": ("def broken(:\n    pass\n", "Echo", "importing module '{m}' failed (SyntaxError: "),
+    "missing_class": ("X = 1\n", "Echo", "module '{m}' has no attribute 'Echo'"),
     "a_function": ("def Echo():\n    pass\n", "Echo",
                    "not a subclass of rlft.envs.base.Environment (it is a function)"),
     "other_class": ("class Echo:\n    pass\n", "Echo",
@@ -160,8 +160,8 @@ def test_a_broken_users_environment_is_refused_with_one_line(user_modules, case)
     ("rlft_no_such_module_xyz:Env", "environment 'rlft_no_such_module_xyz:Env': cannot import module "
                                     "'rlft_no_such_module_xyz' (ModuleNotFoundError: No module named "
                                     "'rlft_no_such_module_xyz')"),
-    ("json:", "environment 'json:': expected module:Class"),
-    (":Env", "environment ':Env': expected module:Class"),
+    ("json:", "environment 'json:': expected 'module:Class'"),
+    (":Env", "environment ':Env': expected 'module:Class'"),
     ("", "environment must be a name or module:Class, got ''"),
 ])
 def test_bad_names_are_refused_with_one_line(name, expected):

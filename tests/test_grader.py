@@ -328,7 +328,7 @@ def test_fast_false_lets_math_verify_round_numbers():
 
 # --------------------------------------------------------------------------- MATH-style golds
 
-# Golds as rlft.rows reads them from a MATH solution's last \boxed{} (LaTeX kept whole), answers of
+# Golds as rlft.data.rows reads them from a MATH solution's last \boxed{} (LaTeX kept whole), answers of
 # the same value, and answers that are not.  A gold that is a number form (\frac{1}{2}, -\frac{3}{4},
 # 0.75) is decided in this process; the others go to math_verify in a worker.
 MATH_GOLDS = [
@@ -364,7 +364,7 @@ def test_math_golds_give_no_free_credit(gold, answer, fast):
 
 
 def test_math_golds_read_from_a_solution_are_graded_whole():
-    from rlft.rows import read_boxed
+    from rlft.data.rows import read_boxed
 
     solutions = ["Adding, $\\frac{1}{4} + \\frac{1}{4} = \\boxed{\\frac{1}{2}}$.",
                  "The solution set is $\\boxed{[2, 5)}$.", "They meet at $\\boxed{(5, 7)}$."]

@@ -20,7 +20,7 @@ def chat_run(tmp_path_factory):
     from transformers import AutoTokenizer
 
     from conftest import teach_answer_format, write_gsm8k_dir
-    from rlft.prompts import Prompt
+    from rlft.data.prompts import Prompt
     from tiny_models import qwen_tokenizer_dir, tiny_model_dir
 
     root = tmp_path_factory.mktemp("instruct")

@@ -52,7 +52,7 @@ def taught_sevens(root: Path) -> tuple[Path, Path]:
     """The model (taught on two of the questions, which is enough for all eight and a quarter of
     the cost of teaching every one) and the data: 8 copies of the 8 questions, all answered 7."""
     from conftest import teach_answer_format, write_gsm8k_dir
-    from rlft.prompts import format_prompt
+    from rlft.data.prompts import format_prompt
     from tiny_models import tiny_model_dir
 
     model = Path(tiny_model_dir(root / "model", family="llama", num_layers=4, tie_word_embeddings=True))

@@ -38,7 +38,7 @@ def launch(*overrides: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def math_run(tmp_path_factory):
     from conftest import teach_answer_format
-    from rlft.prompts import format_prompt
+    from rlft.data.prompts import format_prompt
     from tiny_models import tiny_model_dir
 
     root = tmp_path_factory.mktemp("math")
@@ -124,7 +124,7 @@ def test_the_difficulty_order_rests_prompts_by_their_rollouts(math_run):
 
 
 def test_the_checkpointed_order_draws_what_the_run_drew_next(math_run):
-    from rlft.prompt_samplers import DifficultySampler
+    from rlft.data.prompt_samplers import DifficultySampler
 
     # What a run resumed from step 4's checkpoint restores (trainer_state.json), drawing step 5's prompts.
     order = DifficultySampler(16, 4, seed=0, rest_epochs=2, revisit_prob=0)

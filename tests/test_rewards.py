@@ -147,9 +147,11 @@ def test_format_weight_and_timeouts_are_checked():
 @pytest.mark.parametrize(
     "spec,message",
     [
-        ("rlft_test_custom_rewards.contains", "must be given as 'package.module:function'"),
-        ("rlft_test_custom_rewards:", "must be given as 'package.module:function'"),
-        ("", "must be given as 'package.module:function'"),
+        ("rlft_test_custom_rewards.contains",
+         "^reward function 'rlft_test_custom_rewards.contains': expected 'package.module:function'$"),
+        ("rlft_test_custom_rewards:",
+         "^reward function 'rlft_test_custom_rewards:': expected 'package.module:function'$"),
+        ("", "^reward function '': expected 'package.module:function'$"),
         ("no_such_package_xyz.rewards:fn",
          "cannot import module 'no_such_package_xyz.rewards' \\(ModuleNotFoundError"),
         ("rlft_test_broken_import:reward",

@@ -86,6 +86,15 @@ def test_rlft_roles_and_the_keys_that_place_them():
         assert callable(role.builder()), role.name
 
 
+def test_a_builder_that_cannot_be_imported_is_one_line_naming_the_role():
+    with pytest.raises(ValueError, match=r"^role 'logger': build 'rlft\.runtime\.build:build_logger': module "
+                                         r"'rlft\.runtime\.build' has no attribute 'build_logger'$"):
+        Role("logger", "rlft.runtime.build:build_logger").builder()
+    with pytest.raises(ValueError, match=r"^role 'logger': build 'rlft_no_such_module_xyz:build': cannot import "
+                                         r"module 'rlft_no_such_module_xyz' \(ModuleNotFoundError"):
+        Role("logger", "rlft_no_such_module_xyz:build").builder()
+
+
 def test_the_models_are_built_before_the_engines_and_the_evaluator_after_the_sampler(logger_role):
     assert [r.name for r in build_order()] == ["policy", "reference", "logger", "sampler", "evaluator"]
 

@@ -12,7 +12,7 @@ import pytest
 
 from rlft.config import ConfigError, build_config, load_config
 from rlft.data import load_examples
-from rlft.rows import GOLD_KINDS, RowMapping, check_local_fields, read_boxed, read_gsm8k, read_plain
+from rlft.data.rows import GOLD_KINDS, RowMapping, check_local_fields, read_boxed, read_gsm8k, read_plain
 
 REPO = Path(__file__).resolve().parents[1]
 MATH_SMALL = REPO / "tests" / "fixtures" / "math_small"
@@ -171,8 +171,10 @@ def test_row_settings_are_checked_with_the_config(adapters):
     assert RowMapping.of(cfg.data) == RowMapping("question", "answer", "plain", "my_rows:to_problem", None)
     for overrides, message in [
         (["data.fields.gold_kind=latex"], "data.fields.gold_kind: must be one of gsm8k, boxed, plain, got 'latex'"),
-        (["data.adapter=my_rows:needs_two"], "data.adapter: my_rows:needs_two: must take one argument, the row"),
-        (["data.adapter=no_such_module:f"], "data.adapter: no_such_module:f: cannot import module 'no_such_module'"),
+        (["data.adapter=my_rows:needs_two"],
+         "data.adapter 'my_rows:needs_two' must accept one argument, the row (a dict); its signature is"),
+        (["data.adapter=no_such_module:f"], "data.adapter 'no_such_module:f': cannot import module 'no_such_module' "
+                                            "(ModuleNotFoundError: No module named 'no_such_module')"),
         (["data.adapter=my_rows:to_problem", "data.fields.question=problem"],
          "data.adapter: the adapter maps each row itself; leave data.fields.question and data.fields.gold unset"),
         (["data.source=gsm_symbolic", "data.fields.gold_kind=boxed"],

@@ -13,7 +13,7 @@ import torch
 
 from rlft.config import ConfigError, load_config
 from rlft.data import Example, PromptSampler, load_examples
-from rlft.prompts import format_prompt, format_sft_target
+from rlft.data.prompts import format_prompt, format_sft_target
 from rlft.roles.sft_data import SKIP_NO_SOLUTION, SKIP_TOO_LONG, build_sft_data, sft_batch, sft_total_steps
 from rlft.runtime.entry import check_init_checkpoint
 from rlft.train_sft import check_sft_config

@@ -27,8 +27,8 @@ def tok():
 
 @pytest.fixture(scope="module")
 def calculator():
+    from rlft.data.prompts import Prompt
     from rlft.envs.registry import make_environment
-    from rlft.prompts import Prompt
 
     return make_environment("calculator", Prompt("chat", answer_format="boxed"))
 
@@ -78,7 +78,7 @@ def test_target_tokens_are_the_turns_and_the_templates_replies(tok, calculator):
 def sft_rows(tmp_path, tok, environment, rows):
     from conftest import write_gsm8k_dir
     from rlft.data import load_examples
-    from rlft.prompts import Prompt
+    from rlft.data.prompts import Prompt
     from rlft.roles.sft_data import build_sft_data
 
     path = write_gsm8k_dir(tmp_path / "d", {"train": []})

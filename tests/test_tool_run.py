@@ -51,8 +51,8 @@ def taught_tool_use(root: Path) -> tuple[str, Path, dict[int, int]]:
     from transformers import AutoTokenizer
 
     from conftest import write_gsm8k_dir
+    from rlft.data.prompts import Prompt
     from rlft.envs.registry import make_environment
-    from rlft.prompts import Prompt
     from tool_episodes import CALL, script_episode, teach_episodes, tiny_tool_model
 
     model = tiny_tool_model(root)

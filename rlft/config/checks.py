@@ -103,7 +103,7 @@ def _check_deepspeed_config(path: str | None) -> None:
 
 
 def _check_prompt(cfg: RunConfig) -> None:
-    from rlft.prompts import prompt_of
+    from rlft.data.prompts import prompt_of
     from rlft.reward.formats import get_answer_format
 
     try:
@@ -270,8 +270,8 @@ def _check_schedule(sch: schema.ScheduleConfig) -> None:
 def _check_environment(cfg: RunConfig) -> None:
     """The environment can be had (a registered name, or a module:Class that imports and is an
     Environment), its episodes fit the settings, and one that offers tools has a chat prompt."""
+    from rlft.data.prompts import prompt_of
     from rlft.envs.registry import EnvironmentSpecError, environment_record
-    from rlft.prompts import prompt_of
 
     e = cfg.environment
     try:
@@ -314,9 +314,9 @@ def _check_output_and_data(cfg: RunConfig) -> None:
 
 
 def _check_rows_and_sampler(cfg: RunConfig) -> None:
-    """How rows map to problems (rlft/rows.py) and the prompt order's record (rlft/prompt_samplers.py)."""
-    from rlft.prompt_samplers import PROMPT_SAMPLERS
-    from rlft.rows import check_data_config
+    """How rows map to problems (rlft/data/rows.py) and the prompt order's record (rlft/data/prompt_samplers.py)."""
+    from rlft.data.prompt_samplers import PROMPT_SAMPLERS
+    from rlft.data.rows import check_data_config
 
     d = cfg.data
     try:
@@ -369,7 +369,7 @@ def config_warnings(cfg: RunConfig, *, rollouts: bool = True) -> list[str]:
         found.append(f"schedule.max_staleness is {cfg.schedule.max_staleness} with grpo.loss_type {g.loss_type}, "
                      f"which has no importance ratio: batches sampled by older weights are used uncorrected; "
                      f"set grpo.rollout_is: tis (or use grpo_clip)")
-    from rlft.prompt_samplers import PROMPT_SAMPLERS
+    from rlft.data.prompt_samplers import PROMPT_SAMPLERS
 
     order = PROMPT_SAMPLERS.get(cfg.data.sampler)
     if not rollouts and order is not None and order.learns_from_rewards:

@@ -82,7 +82,7 @@ def check_chat_template(cfg: RunConfig) -> None:
 def check_training_rows(cfg: RunConfig, module: str) -> None:
     """Refuse a local .jsonl training split with fewer usable rows than one step draws (GRPO) or
     than one batch (SFT): the ranks would find out only after loading the models."""
-    from rlft.rows import load_split
+    from rlft.data.rows import load_split
 
     d = cfg.data
     source = Path(d.source).expanduser()
@@ -129,8 +129,8 @@ def check_grpo_can_learn(cfg: RunConfig) -> None:
 
 def check_data_rows(cfg: RunConfig) -> None:
     """Refuse a local data file whose first rows lack the mapped fields (`data.fields`), naming the
-    fields they have, or on which `data.adapter` fails (rlft/rows.py)."""
-    from rlft.rows import check_local_fields
+    fields they have, or on which `data.adapter` fails (rlft/data/rows.py)."""
+    from rlft.data.rows import check_local_fields
 
     d = cfg.data
     try:

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from rlft.config.role_records import placed_ranks
-from rlft.data import GSM_SYMBOLIC
+from rlft.data.generated import GSM_SYMBOLIC
 from rlft.engines.base import SamplingSpec, check_sampling_ranges  # noqa: F401  (check_sampling_ranges: re-exported)
 from rlft.grpo.choices import (
     DEFAULT_ADVANTAGE_ESTIMATOR,
@@ -16,8 +16,8 @@ from rlft.grpo.choices import (
     OLD_LOGPROB_SOURCES,
     ROLLOUT_IS_MODES,
 )
+from rlft.data.prompts import DEFAULT_PROMPT_TEMPLATE
 from rlft.models.loading import DEFAULT_MODEL
-from rlft.prompts import DEFAULT_PROMPT_TEMPLATE
 from rlft.reward.formats import DEFAULT_ANSWER_FORMAT
 from rlft.reward.functions import DEFAULT_REWARD_FN
 
@@ -71,7 +71,7 @@ class ModelConfig:
 
 @dataclass
 class DataFieldsConfig:
-    # Which fields of a file's or hub dataset's rows hold the question and the gold answer (rlft/rows.py)
+    # Which fields of a file's or hub dataset's rows hold the question and the gold answer (rlft/data/rows.py)
     question: str = "question"
     gold: str = "answer"
     # How the gold field is read: gsm8k (the number after the last ####) | boxed (the last \boxed{} of a
@@ -111,7 +111,7 @@ class DataConfig:
     # prompt_template
     prompt_messages: list[dict[str, str]] | None = None
     shuffle: bool = True
-    # The order GRPO draws prompts in (rlft/prompt_samplers.py): uniform (each epoch a seeded permutation
+    # The order GRPO draws prompts in (rlft/data/prompt_samplers.py): uniform (each epoch a seeded permutation
     # of every row) | difficulty (pass rates kept per prompt: always-solved and never-solved prompts rest
     # for a while, see data.difficulty).  SFT draws uniformly.
     sampler: str = "uniform"

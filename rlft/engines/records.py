@@ -143,8 +143,9 @@ class Backend:
 
     def build(self, model_path: str, *, dtype: str, device: str, seed: int, tokenizer, options: dict) -> RolloutEngine:
         """The engine: ``engine``'s class with the common arguments and ``options``."""
-        module, _, name = self.engine.partition(":")
-        cls = getattr(importlib.import_module(module), name)
+        from rlft.common import import_object
+
+        cls = import_object(self.engine, f"rollout backend {self.name!r}: engine", form="module:Class")
         return cls(model_path, dtype=dtype, device=device, seed=seed, tokenizer=tokenizer, **options)
 
     # -------------------------------------------------- memory and the weight sync

@@ -41,7 +41,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from rlft.prompts import Prompt
+from rlft.data.prompts import Prompt
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class EpisodeStart:
                                              tokenize=False, add_generation_prompt=True, **template_kwargs)
 
     def token_ids(self, tokenizer, **template_kwargs) -> list[int]:
-        """The prompt's token ids as the engines receive them (as :meth:`rlft.prompts.Prompt.encode`):
+        """The prompt's token ids as the engines receive them (as :meth:`rlft.data.prompts.Prompt.encode`):
         a chat rendering exactly as the template wrote it, a text prompt with the tokenizer's own
         special tokens (e.g. a BOS)."""
         text = self.render(tokenizer, **template_kwargs)
@@ -128,7 +128,7 @@ class Environment(ABC):
     Class attributes: ``multi_turn`` (False: every episode is one turn and :meth:`step` ends it);
     ``stop``: extra stop strings that end a turn for the environment to answer (e.g. the end of a
     tool call), added to the run's own stop strings.  ``prompt`` is the run's
-    :class:`~rlft.prompts.Prompt` (the chat messages or text template, and the answer format).
+    :class:`~rlft.data.prompts.Prompt` (the chat messages or text template, and the answer format).
     """
 
     multi_turn: bool = True

@@ -36,9 +36,9 @@ from decimal import Decimal, InvalidOperation, localcontext
 from fractions import Fraction
 from typing import Any
 
+from rlft.data.prompts import Prompt
 from rlft.envs.base import Environment, EpisodeStart, StepResult
 from rlft.envs.tool_calls import TOOL_CALL_CLOSE, ToolCall, parse_tool_calls
-from rlft.prompts import Prompt
 
 MAX_EXPRESSION_CHARS = 256
 MAX_DEPTH = 64

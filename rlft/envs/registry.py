@@ -19,14 +19,14 @@ module that does not import, a missing class, a class that is not an Environment
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 from dataclasses import dataclass
 from typing import Callable
 
+from rlft.common import import_object
+from rlft.data.prompts import Prompt
 from rlft.envs.base import Environment, EpisodeStart, SingleTurnEnvironment
 from rlft.envs.calculator import CalculatorEnvironment
-from rlft.prompts import Prompt
 
 DEFAULT_ENVIRONMENT = "single_turn"
 # The probe episode make_environment opens (a GSM8K-like question and its answer).
@@ -45,7 +45,7 @@ class EnvironmentSpecError(ValueError):
 class EnvironmentRecord:
     """One environment choice.
 
-    ``build(prompt, **options) -> Environment``: the run's :class:`~rlft.prompts.Prompt` and the
+    ``build(prompt, **options) -> Environment``: the run's :class:`~rlft.data.prompts.Prompt` and the
     environment's options from the config.  ``multi_turn``: episodes may take several turns (the
     rollout then runs :func:`rlft.envs.episodes.run_episodes`; False: one engine call as today).
     ``needs_chat``: it works only with a chat prompt (tools go through the chat template).
@@ -92,19 +92,8 @@ def load_environment_class(spec: str) -> type[Environment]:
     Raises:
         EnvironmentSpecError: one line saying which of those fails.
     """
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise EnvironmentSpecError(f"environment {spec!r}: expected module:Class")
-    try:
-        target = importlib.import_module(module_name)
-    except (Exception, SystemExit) as err:
-        raise EnvironmentSpecError(f"environment {spec!r}: cannot import module {module_name!r} "
-                                   f"({_first_line(err)})") from None
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise EnvironmentSpecError(f"environment {spec!r}: {getattr(target, '__name__', module_name)!r} "
-                                       f"has no attribute {part!r}")
-        target = getattr(target, part)
+    target = import_object(spec, "environment", form="module:Class", require_callable=False,
+                           error=EnvironmentSpecError)
     if not (isinstance(target, type) and issubclass(target, Environment)):
         kind = type(target).__name__ if not isinstance(target, type) else f"class {target.__name__}"
         raise EnvironmentSpecError(f"environment {spec!r}: not a subclass of rlft.envs.base.Environment "

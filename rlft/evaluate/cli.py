@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlft.common import DTYPE_CHOICES, looks_like_hub_id, resolve_dtype
-from rlft.prompts import DEFAULT_PROMPT_TEMPLATE
+from rlft.data.prompts import DEFAULT_PROMPT_TEMPLATE
 from rlft.reward.formats import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, get_answer_format
 
 PROG = "rlft.evaluate"
@@ -214,11 +214,11 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def build_prompt(args: argparse.Namespace):
-    """The :class:`rlft.prompts.Prompt` of ``--config`` with ``--prompt-template`` / ``--answer-format``
+    """The :class:`rlft.data.prompts.Prompt` of ``--config`` with ``--prompt-template`` / ``--answer-format``
     applied; InputError naming the option when it cannot be used."""
     import dataclasses
 
-    from rlft.prompts import Prompt, prompt_of
+    from rlft.data.prompts import Prompt, prompt_of
 
     prompt = Prompt()
     args.run_config = None
@@ -331,7 +331,7 @@ def load_inputs(args: argparse.Namespace) -> tuple[str, list[tuple[DataSpec, lis
         model_path = resolve_model_path(args.model)
     except ModelPathError as exc:
         raise InputError(_one_line(exc)) from None
-    from rlft.rows import RowMapping
+    from rlft.data.rows import RowMapping
 
     # A run's config also says how its data's rows map to question and gold (data.fields, data.adapter).
     rows = RowMapping.of(args.run_config.data) if getattr(args, "run_config", None) is not None else RowMapping()
@@ -361,8 +361,8 @@ def drop_long_questions(sets: list[tuple[DataSpec, list]], tokenizer, model_path
     positions (one warning per set says how many), and how many each lost.  Raises InputError when
     no prompt can fit, or a set loses every question."""
     from rlft.data import LoadResult
+    from rlft.data.prompts import SKIP_PROMPT_TOO_LONG, drop_long_prompts, prompt_token_limit
     from rlft.models.loading import context_length
-    from rlft.prompts import SKIP_PROMPT_TOO_LONG, drop_long_prompts, prompt_token_limit
 
     try:
         limit = prompt_token_limit(context_length(model_path), max_tokens, "--max-tokens")

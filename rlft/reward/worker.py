@@ -41,14 +41,14 @@ The worker exits when its standard input closes.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 import math
 import numbers
 import os
 import re
 import sys
+
+from rlft.common import import_object
 
 # Longest answer/gold text that may reach the symbolic parser. GSM8K answers are a few characters.
 MAX_SYMBOLIC_CHARS = 1000
@@ -133,8 +133,6 @@ def check_equivalent(answer: str, golds: list[str]) -> bool:
 
 # --------------------------------------------------------------------------- reward functions
 
-_DOTTED_NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
-_SPEC = re.compile(rf"{_DOTTED_NAME}:{_DOTTED_NAME}")  # "package.module:function"
 REWARD_KEYS = ("reward", "format_reward", "answer_reward")
 
 
@@ -149,37 +147,8 @@ def import_function(spec: str):
     ``function`` may be dotted (``module:Class.method``). The function must accept
     ``(response, ground_truth)``.
     """
-    if not isinstance(spec, str) or _SPEC.fullmatch(spec.strip()) is None:
-        raise ValueError(f"reward function must be given as 'package.module:function', got {spec!r}")
-    module_name, _, name = spec.strip().partition(":")
-    try:
-        obj = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(
-            f"reward function {spec!r}: cannot import module {module_name!r} "
-            f"({type(exc).__name__}: {_one_line(exc)})"
-        ) from None
-    except Exception as exc:  # noqa: BLE001 - the module's own code failed while importing
-        raise ValueError(
-            f"reward function {spec!r}: importing module {module_name!r} failed "
-            f"({type(exc).__name__}: {_one_line(exc)})"
-        ) from None
-    for part in name.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"reward function {spec!r}: module {module_name!r} has no attribute {name!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"reward function {spec!r} is not callable (it is a {type(obj).__name__})")
-    try:
-        inspect.signature(obj).bind("response", "ground truth")
-    except TypeError:
-        raise ValueError(
-            f"reward function {spec!r} must accept (response, ground_truth); its signature is "
-            f"{inspect.signature(obj)}"
-        ) from None
-    except ValueError:
-        pass  # no signature to inspect (some builtins): the first call will tell
-    return obj
+    return import_object(spec, "reward function", call_with=("response", "ground truth"),
+                         takes="(response, ground_truth)")
 
 
 def reward_value(value) -> dict[str, float]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlft.config import ConfigError, RunConfig
+from rlft.data.prompts import drop_long_prompts, prompt_of
+from rlft.data.rows import load_split
 from rlft.engines.base import RolloutEngine, sampling_spec
 from rlft.envs.registry import environment_record, make_environment
-from rlft.prompts import drop_long_prompts, prompt_of
 from rlft.evaluate.scoring import evaluate, write_results
-from rlft.rows import load_split
 
 
 class Evaluator:

@@ -15,10 +15,10 @@ from dataclasses import dataclass, fields
 
 from rlft.config import RunConfig
 from rlft.data import Example
+from rlft.data.prompts import prompt_of
 from rlft.engines.base import RolloutEngine, SamplingSpec, sampling_spec
 from rlft.envs.episodes import TRUNCATED, EpisodeResult, open_episodes, run_episodes
 from rlft.envs.registry import environment_record, make_environment
-from rlft.prompts import prompt_of
 from rlft.reward.functions import make_reward_fn
 from rlft.reward.grader import default_grader
 

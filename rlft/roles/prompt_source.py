@@ -1,13 +1,13 @@
 """The sampler's prompts: the training split, loaded once, and the seeded, resumable order in which
 each step draws `optim.rollout_batch_size / grpo.group_size` of them (`data.sampler`,
-rlft/prompt_samplers.py)."""
+rlft/data/prompt_samplers.py)."""
 from __future__ import annotations
 
 from rlft.config import ConfigError, RunConfig
 from rlft.data import Example
-from rlft.prompt_samplers import PROMPT_SAMPLERS, pass_rates
-from rlft.prompts import drop_long_prompts, prompt_of
-from rlft.rows import load_split
+from rlft.data.prompt_samplers import PROMPT_SAMPLERS, pass_rates
+from rlft.data.prompts import drop_long_prompts, prompt_of
+from rlft.data.rows import load_split
 
 
 class PromptSource:

@@ -1,6 +1,6 @@
 """SFT's data role: (prompt, target) pairs from the train split, handed out in tokenised batches.
 
-Every training row becomes the run's prompt (`rlft.prompts.Prompt`; by default the R1-Zero text ending
+Every training row becomes the run's prompt (`rlft.data.prompts.Prompt`; by default the R1-Zero text ending
 in `Assistant: <think>`) followed by the target `format_sft_target(solution, prompt)` in the run's answer
 format (by default ` reasoning </think> <answer> 72 </answer>`); the policy learns the target tokens only.  The feeder lives on the sampler's rank (SFT has no
 sampler) and draws batches in a seeded, resumable order.
@@ -21,10 +21,10 @@ from rlft.batching.batch import RolloutBatch, build_rollout_batch, tokenize_prom
 from rlft.common import log
 from rlft.config import ConfigError, RunConfig
 from rlft.data import PromptSampler
+from rlft.data.prompts import DEFAULT_PROMPT_TEMPLATE, Prompt, format_sft_target, prompt_of
+from rlft.data.rows import load_split
 from rlft.envs.registry import environment_record, make_environment
 from rlft.envs.sft_targets import TargetError, has_tool_responses, target_token_ids
-from rlft.prompts import DEFAULT_PROMPT_TEMPLATE, Prompt, format_sft_target, prompt_of
-from rlft.rows import load_split
 
 # Reasons a training row is left out (counted and logged once).
 SKIP_NO_SOLUTION = "no_solution"  # no worked solution, or one format_sft_target cannot rewrite

@@ -146,7 +146,7 @@ def build_evaluator(ctx: RankContext, training: Training):
 
 def check_prompt_fits_tokenizer(ctx: RankContext) -> None:
     """A chat prompt needs a tokenizer with a chat template: one line at start, before any engine."""
-    from rlft.prompts import prompt_of
+    from rlft.data.prompts import prompt_of
 
     try:
         prompt_of(ctx.cfg).check_tokenizer(ctx.tokenizer, ctx.cfg.model.path)
@@ -159,9 +159,9 @@ def prompt_limit(cfg: RunConfig, model_path: str, *, evaluation: bool) -> int | 
     """The longest prompt that leaves room for the response budget (`sampling.max_tokens`, or the
     evaluation's) in the model's positions and those the engine's settings allow (its record's
     `context_limit`)."""
+    from rlft.data.prompts import prompt_token_limit
     from rlft.engines import backend_record
     from rlft.models.loading import context_length
-    from rlft.prompts import prompt_token_limit
 
     s = cfg.sampling
     if evaluation and s.eval_max_tokens is not None:

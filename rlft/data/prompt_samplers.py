@@ -1,6 +1,6 @@
 """The order GRPO draws its prompts in (``data.sampler``): one record per choice.
 
-    uniform     every epoch a seeded permutation of all rows (:class:`rlft.data.PromptSampler`), the
+    uniform     every epoch a seeded permutation of all rows (:class:`PromptSampler`), the
                 default and the order rlft has always drawn
     difficulty  pass rates kept per prompt from the rollouts: a prompt whose last group was all right
                 (solved) or all wrong (unsolved) rests for ``data.difficulty.rest_epochs`` epochs, and
@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Callable
-
-from rlft.data import PromptSampler
+from typing import Any, Callable, Iterator
 
 
 @dataclass(frozen=True)
@@ -35,6 +33,92 @@ class SamplerChoice:
     learns_from_rewards: bool
     build: Callable[[int, int, int, Any], Any]
     description: str
+
+
+class PromptSampler:
+    """Deterministic, resumable order of example indices, one batch at a time.
+
+    Each epoch is a permutation of ``range(num_examples)`` drawn with ``random.Random(seed +
+    epoch)`` (or the identity when ``shuffle`` is False). Batches never span an epoch boundary:
+    the last ``num_examples % batch_size`` indices of each epoch are dropped (each epoch reshuffles,
+    so every example still gets drawn over epochs). When ``batch_size > num_examples`` an epoch is
+    a single, shorter batch holding every example, so a batch is never empty.
+
+    ``epoch`` counts finished epochs; ``position`` is how many indices of the current epoch's
+    permutation were handed out. ``state_dict()`` captures both, so a resumed run continues with
+    exactly the batch the interrupted run would have drawn next.
+    """
+
+    def __init__(self, num_examples: int, batch_size: int, seed: int, shuffle: bool = True):
+        if num_examples <= 0:
+            raise ValueError(f"PromptSampler needs at least one example, got {num_examples}")
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.num_examples = num_examples
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0
+        self._order = self.epoch_order(0)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return max(1, self.num_examples // self.batch_size)
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        """The permutation of example indices used in ``epoch``."""
+        order = list(range(self.num_examples))
+        if self.shuffle:
+            random.Random(self.seed + epoch).shuffle(order)
+        return order
+
+    def _epoch_length(self) -> int:
+        """Indices handed out per epoch (whole batches only)."""
+        return self.batches_per_epoch * min(self.batch_size, self.num_examples)
+
+    @property
+    def epoch_done(self) -> bool:
+        """The last batch handed out finished an epoch."""
+        return self.position >= self._epoch_length()
+
+    @property
+    def progress(self) -> float:
+        """Epochs drawn so far, as a fraction (1.5 = halfway through the second)."""
+        return self.epoch + self.position / self._epoch_length()
+
+    def next_batch(self) -> list[int]:
+        """The next batch of example indices (``min(batch_size, num_examples)`` of them)."""
+        if self.position >= self._epoch_length():
+            self.epoch += 1
+            self.position = 0
+            self._order = self.epoch_order(self.epoch)
+        size = min(self.batch_size, self.num_examples)
+        batch = self._order[self.position:self.position + size]
+        self.position += size
+        return batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        while True:
+            yield self.next_batch()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "num_examples": self.num_examples, "shuffle": self.shuffle,
+                "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the position. The data size, seed and shuffle flag must match the saved ones
+        (else the order would silently differ); the batch size may change."""
+        for key in ("num_examples", "seed", "shuffle"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"PromptSampler state was saved with {key}={state[key]!r} but this sampler has "
+                    f"{key}={getattr(self, key)!r}; resuming would draw a different order"
+                )
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self._order = self.epoch_order(self.epoch)
 
 
 class DifficultySampler:
