@@ -3,8 +3,6 @@
     train_grpo.py   python -m rlft.train_grpo: every rank's GRPO step, top to bottom
     train_sft.py    python -m rlft.train_sft: the SFT step on the same runtime
     objectives.py   what the policy optimises: GRPOObjective and SFTObjective around the grpo maths
-    prompts.py      kept for the modules that still import it: rlft.data.prompts' names
-    rows.py         kept for the modules that still import it: rlft.data.rows' names
     curves.py       python -m rlft.curves: a run's reward curve and summary line
     common.py       small helpers every package uses (dtypes, log lines, ports, "module:attribute" settings)
     config/         the run's configuration: schema, loading, checks, topology, launch plan

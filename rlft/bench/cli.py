@@ -178,8 +178,8 @@ def trl_prompts(cfg, steps: int) -> list[dict]:
     """The prompts an rlft run of `steps` steps draws, in its order, with their answers."""
     from rlft.data import PromptSampler
     from rlft.models.loading import load_tokenizer
-    from rlft.prompts import prompt_of
-    from rlft.rows import load_split
+    from rlft.data.prompts import prompt_of
+    from rlft.data.rows import load_split
 
     examples = load_split(cfg.data, cfg.data.train_split, size=cfg.data.train_size, seed=cfg.seed).examples
     per_step = cfg.optim.rollout_batch_size // cfg.grpo.group_size

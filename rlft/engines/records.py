@@ -14,7 +14,6 @@ rank and in the launch's checks (:mod:`rlft.config.plugins`).
 
 from __future__ import annotations
 
-import importlib
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any

@@ -26,6 +26,51 @@ logger = logging.getLogger(__name__)
 WORKER_EXTENSION = "rlft.engines.vllm_worker.WeightSyncExtension"
 
 
+def _check_placement(device: torch.device, given: str, llm_kwargs: dict) -> None:
+    """ValueError or EngineUnavailable where vLLM cannot run as asked: on a GPU other than its first
+    visible one, with more than one worker, or on a device its build does not target."""
+    if device.index not in (None, 0):
+        raise ValueError(
+            f"vLLM runs on its first visible GPU; instead of device={given!r}, call "
+            "rlft.engines.restrict_to_device(index) before CUDA starts and pass 'cuda'"
+        )
+    for option in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if llm_kwargs.get(option, 1) != 1:
+            # The weight-sync group has exactly two ranks: this process and one worker.
+            raise ValueError(f"VLLMEngine supports one vLLM worker; got {option}={llm_kwargs[option]}")
+    on_cpu = device.type == "cpu"
+    if on_cpu != vllm_is_cpu_build():
+        build = "CPU" if not on_cpu else "GPU"
+        raise EngineUnavailable(f"the installed vLLM is a {build} build, but device={given!r}")
+
+
+def _llm_kwargs(model_path: str, *, dtype: str, seed: int, tokenizer, enforce_eager: bool, max_model_len: int | None,
+                enable_sleep_mode: bool, on_cpu: bool, gpu_memory_utilization: float,
+                kv_cache_memory_bytes: int | None) -> dict:
+    """``vllm.LLM``'s arguments for the engine (see :class:`VLLMEngine`)."""
+    kwargs = dict(
+        model=model_path,
+        dtype=dtype,
+        seed=seed,
+        enforce_eager=enforce_eager,
+        max_model_len=max_model_len,
+        worker_extension_cls=WORKER_EXTENSION,
+        enable_sleep_mode=enable_sleep_mode,
+        # Completion.logprobs: the raw model's log-probs, the trainer's definition (vLLM's
+        # default, pinned here since the trainer's comparison depends on it).
+        logprobs_mode="raw_logprobs",
+    )
+    if tokenizer is not None:
+        kwargs["tokenizer"] = tokenizer if isinstance(tokenizer, str) else tokenizer.name_or_path
+    if on_cpu:
+        kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes or (256 << 20)
+    else:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    return kwargs
+
+
 class VLLMEngine(RolloutEngine):
     """Rollout engine on ``vllm.LLM``.
 
@@ -79,19 +124,8 @@ class VLLMEngine(RolloutEngine):
         from vllm import LLM
 
         self.device = torch.device(device)
-        if self.device.index not in (None, 0):
-            raise ValueError(
-                f"vLLM runs on its first visible GPU; instead of device={device!r}, call "
-                "rlft.engines.restrict_to_device(index) before CUDA starts and pass 'cuda'"
-            )
-        for option in ("tensor_parallel_size", "pipeline_parallel_size"):
-            if llm_kwargs.get(option, 1) != 1:
-                # The weight-sync group has exactly two ranks: this process and one worker.
-                raise ValueError(f"VLLMEngine supports one vLLM worker; got {option}={llm_kwargs[option]}")
+        _check_placement(self.device, device, llm_kwargs)
         on_cpu = self.device.type == "cpu"
-        if on_cpu != vllm_is_cpu_build():
-            build = "CPU" if not on_cpu else "GPU"
-            raise EngineUnavailable(f"the installed vLLM is a {build} build, but device={device!r}")
         if on_cpu and enable_sleep_mode:
             logger.info("vLLM sleep mode is GPU-only; sleep()/wake() are no-ops on CPU")
             enable_sleep_mode = False
@@ -100,26 +134,10 @@ class VLLMEngine(RolloutEngine):
         self.use_tqdm = use_tqdm
         self.raw_engine_baseline, self.raw_engine_seconds, self._raw_calls = raw_engine_baseline, [], 0
 
-        kwargs = dict(
-            model=model_path,
-            dtype=dtype,
-            seed=seed,
-            enforce_eager=enforce_eager,
-            max_model_len=max_model_len,
-            worker_extension_cls=WORKER_EXTENSION,
-            enable_sleep_mode=enable_sleep_mode,
-            # Completion.logprobs: the raw model's log-probs, the trainer's definition (vLLM's
-            # default, pinned here since the trainer's comparison depends on it).
-            logprobs_mode="raw_logprobs",
-        )
-        if tokenizer is not None:
-            kwargs["tokenizer"] = tokenizer if isinstance(tokenizer, str) else tokenizer.name_or_path
-        if on_cpu:
-            kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes or (256 << 20)
-        else:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-            if kv_cache_memory_bytes is not None:
-                kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        kwargs = _llm_kwargs(model_path, dtype=dtype, seed=seed, tokenizer=tokenizer, enforce_eager=enforce_eager,
+                             max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode, on_cpu=on_cpu,
+                             gpu_memory_utilization=gpu_memory_utilization,
+                             kv_cache_memory_bytes=kv_cache_memory_bytes)
         kwargs.update(llm_kwargs)
         self.llm = LLM(**kwargs)
 

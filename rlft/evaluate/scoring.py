@@ -44,7 +44,7 @@ from rlft.data import Example
 from rlft.engines.base import SamplingSpec
 from rlft.evaluate.episodes import add_episode_figures, play_episodes
 from rlft.reward.grader import grade_batch
-from rlft.prompts import DEFAULT_PROMPT_TEMPLATE, Prompt
+from rlft.data.prompts import DEFAULT_PROMPT_TEMPLATE, Prompt
 from rlft.reward.formats import DEFAULT_ANSWER_FORMAT
 from rlft.reward.lenient import lenient_correct
 
@@ -207,7 +207,7 @@ def _example_record(ex: Example, texts: Sequence[str], lengths: Sequence[int], s
 
 
 def tokenize_prompts(tokenizer: Any, questions: Sequence[str], template: str | Prompt) -> list[list[int]]:
-    """Prompt token ids, one list per question (:meth:`rlft.prompts.Prompt.encode`)."""
+    """Prompt token ids, one list per question (:meth:`rlft.data.prompts.Prompt.encode`)."""
     prompt = template if isinstance(template, Prompt) else Prompt(template)
     return prompt.encode(list(questions), tokenizer)
 
@@ -239,7 +239,7 @@ def evaluate(
         batch_size: prompts per ``generate`` call (each carries ``n`` samples); None: all at once,
             which lets an engine like vLLM schedule the whole set (its own batching is the fast path).
         prompt_template: a registered template name, a literal with ``{question}``, or a
-            :class:`~rlft.prompts.Prompt` (whose answer format the grading then uses).
+            :class:`~rlft.data.prompts.Prompt` (whose answer format the grading then uses).
         progress: show a progress bar over questions.
         environment: a multi-turn :class:`~rlft.envs.base.Environment` (e.g. the calculator): each
             sample is an episode of it (its opening is the prompt, with its tools), at most

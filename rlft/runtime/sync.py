@@ -55,6 +55,27 @@ def sync_mismatch(parts: list[dict]) -> str | None:
             f"checkpoints saved so far hold the trained weights)")
 
 
+def _stream_stages(ctx: RankContext, targets: list[int], engines: list, complete: bool) -> None:
+    """Every stage's tensors (replica 0) into the engines of the `targets` ranks: loaded in place where
+    the stage and the engine share a rank, sent over the bridge otherwise (`complete`: every weight,
+    not only LoRA's adapted ones)."""
+    t, roles, bridge = ctx.cfg.topology, ctx.roles, ctx.bridge
+    for target in targets:
+        for stage in range(t.pipeline_stages):
+            src = policy_rank_of(t, replica=0, stage=stage)
+            if roles.rank == src and roles.rank == target:
+                state = list(ctx.policy.sync_state(complete=complete).items())
+                for e in engines:
+                    e.update_weights(state)
+            elif roles.rank == src:
+                bridge.send_named_tensors(ctx.policy.sync_state(complete=complete).items(), dst=target,
+                                          tag=SYNC_TAG + stage)
+            elif roles.rank == target:
+                received = list(bridge.recv_named_tensors(src, tag=SYNC_TAG + stage, device=ctx.device))
+                for e in engines:
+                    e.update_weights(received)
+
+
 def sync_weights(ctx: RankContext) -> dict:
     """Stream every stage's tensors (replica 0) to the ranks whose engines need them.
 
@@ -76,21 +97,7 @@ def sync_weights(ctx: RankContext) -> dict:
     for e in engines:
         e.wake()
     woken = time.perf_counter()
-    out: dict = {}
-    for target in targets:
-        for stage in range(t.pipeline_stages):
-            src = policy_rank_of(t, replica=0, stage=stage)
-            if roles.rank == src and roles.rank == target:
-                state = list(ctx.policy.sync_state(complete=complete).items())
-                for e in engines:
-                    e.update_weights(state)
-            elif roles.rank == src:
-                bridge.send_named_tensors(ctx.policy.sync_state(complete=complete).items(), dst=target,
-                                          tag=SYNC_TAG + stage)
-            elif roles.rank == target:
-                received = list(bridge.recv_named_tensors(src, tag=SYNC_TAG + stage, device=ctx.device))
-                for e in engines:
-                    e.update_weights(received)
+    _stream_stages(ctx, targets, engines, complete)
     loaded = time.perf_counter()
     engine_check = None
     if roles.sampler and engines:  # the sampler's engine (in SFT the evaluator's, on the same rank)
