@@ -150,3 +150,25 @@ def test_rlft_evaluate_reads_the_fields_from_the_runs_config(math_run, tmp_path,
     errors = [line for line in err.splitlines() if line.startswith("rlft.evaluate: error:")]
     assert status == 2 and len(errors) == 1, err[-2000:]
     assert "has the field 'question'; its rows have the fields: level, problem, solution, type" in errors[0]
+
+
+def test_rlft_evaluate_takes_the_fields_on_its_command_line(math_run, tmp_path, monkeypatch, capsys):
+    from test_instruct_run import evaluate_in_process
+
+    out = tmp_path / "eval"
+    argv = ["--model", str(math_run["out"] / "model"), "--data", f"{MATH_SMALL}:test", "--backend", "hf",
+            "--max-tokens", "24", "--no-progress", "--prompt-template", "r1_short", "--answer-format", "boxed"]
+    status, err = evaluate_in_process([*argv, "--out", str(out), "--fields",
+                                       "question=problem, gold=solution, gold_kind=boxed"], monkeypatch, capsys)
+    assert status == 0, err[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    final = json.loads((math_run["out"] / "eval" / "step_000006" / "summary.json").read_text())
+    assert (summary["accuracy"], summary["accuracy_lenient"]) == (final["accuracy"], final["accuracy_lenient"])
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert records[0]["ground_truth"] == "\\frac{1}{2}"
+    for bad, says in (("question=problem,gold", "got 'gold'"), ("question=problem,kind=boxed", "got 'kind=boxed'"),
+                      ("gold_kind=latex", "gold_kind 'latex' is none of gsm8k, boxed, plain")):
+        status, err = evaluate_in_process([*argv, "--out", str(tmp_path / bad), "--fields", bad], monkeypatch, capsys)
+        errors = [line for line in err.splitlines() if line.startswith("rlft.evaluate: error:")]
+        assert status == 2 and len(errors) == 1 and errors[0].startswith("rlft.evaluate: error: --fields: ") \
+            and says in errors[0], err[-2000:]

@@ -179,12 +179,12 @@ def test_out_of_memory_names_the_phase_and_what_frees_memory_on_that_rank():
                            "GPU 0 has a total capacity of 139.81 GiB of which 1.20 GiB is free; what frees"), line
     assert "expandable_segments" not in line and "\n" not in line
     assert ("what frees memory here: sampling.vllm.sleep_mode: true (the vLLM engines give their memory back "
-            "while the policy trains), a lower sampling.vllm.gpu_memory_utilization (now 0.3), a lower "
+            "while the policy trains), a lower sampling.vllm.gpu_memory_utilization (now sized from the step), a lower "
             "optim.train_micro_batch_size (now 8), model.activation_checkpointing: true;") in line
     assert line.endswith("the checkpoints saved so far are kept (output.resume: auto, the default, goes on from the last)")
 
-    asleep = load_config(REPO / "launch/configs/grpo_1gpu.yaml",
-                         ["sampling.backend=vllm", "optim.micro_batch_tokens=16384"])
+    asleep = load_config(REPO / "launch/configs/grpo_1gpu.yaml",  # auto settled as asleep, or set so
+                         ["sampling.backend=vllm", "sampling.vllm.sleep_mode=true", "optim.micro_batch_tokens=16384"])
     ctx = RankContext(cfg=asleep, roles=roles_for_rank(asleep.topology, 0), bridge=None, device=torch.device("cpu"))
     line = out_of_memory_message(ctx, error)
     assert line.startswith("out of GPU memory: CUDA out of memory.") and "sleep_mode" not in line

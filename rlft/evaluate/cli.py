@@ -174,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None,
                    help="a run's YAML config: its prompt (data.prompt_template, system_prompt, prompt_messages), "
                         "answer format (reward.answer_format) and row mapping (data.fields, data.adapter)")
+    p.add_argument("--fields", default=None,
+                   help="how the data's rows map to question and gold, overriding the config's data.fields: "
+                        "comma-separated question=FIELD, gold=FIELD, gold_kind=gsm8k|boxed|plain "
+                        "(e.g. question=problem,gold=solution,gold_kind=boxed)")
     p.add_argument("--prompt-template", default=None,
                    help="registered template name, 'chat' (the model's chat template) or a literal with "
                         f"{{question}} (default: the config's, else {DEFAULT_PROMPT_TEMPLATE})")
@@ -333,8 +337,11 @@ def load_inputs(args: argparse.Namespace) -> tuple[str, list[tuple[DataSpec, lis
         raise InputError(_one_line(exc)) from None
     from rlft.data.rows import RowMapping
 
-    # A run's config also says how its data's rows map to question and gold (data.fields, data.adapter).
+    # A run's config also says how its data's rows map to question and gold (data.fields, data.adapter);
+    # --fields overrides its fields.
     rows = RowMapping.of(args.run_config.data) if getattr(args, "run_config", None) is not None else RowMapping()
+    if args.fields:
+        rows = parse_fields(args.fields, rows)
     sets = []
     for text, data in zip(args.data or ["gsm8k:test"], specs):
         try:
@@ -343,6 +350,27 @@ def load_inputs(args: argparse.Namespace) -> tuple[str, list[tuple[DataSpec, lis
             raise InputError(f"data {text!r}: {_one_line(exc)}") from None
         sets.append((data, loaded.examples))
     return model_path, sets
+
+
+def parse_fields(text: str, rows):
+    """``--fields question=problem,gold=solution,gold_kind=boxed`` applied to the mapping ``rows``
+    (:class:`rlft.data.rows.RowMapping`); InputError naming what is wrong."""
+    import dataclasses
+
+    from rlft.data.rows import GOLD_KINDS
+
+    keys = ("question", "gold", "gold_kind")
+    changes = {}
+    for part in (p.strip() for p in text.split(",")):
+        key, eq, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or key not in keys or not value:
+            raise InputError(f"--fields: expected comma-separated {'=FIELD, '.join(keys[:2])}=FIELD and "
+                             f"gold_kind=KIND, got {part!r}")
+        changes[key] = value
+    if changes.get("gold_kind", rows.gold_kind) not in GOLD_KINDS:
+        raise InputError(f"--fields: gold_kind {changes['gold_kind']!r} is none of {', '.join(GOLD_KINDS)}")
+    return dataclasses.replace(rows, adapter=None, **changes) if changes else rows
 
 
 def prepare_engines() -> None:

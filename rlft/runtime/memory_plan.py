@@ -100,12 +100,12 @@ def check_shared_gpu(cfg: RunConfig, *, model_path: str, device: torch.device, p
     split cannot fit (naming each part's GiB and what to change); the plan and the engine's budget
     otherwise (`step`: what a step asks of the engine, None where it only evaluates).  None where
     nothing is shared: on CPU, or an engine that holds no fixed share."""
-    if device.type != "cuda":
+    backend = backend_record(cfg)
+    # An engine that holds no memory of its own on a GPU (HF generate) asks nothing of it, whatever its size.
+    if device.type != "cuda" or not backend.gpu_budget(cfg, device.type, step=step, total_bytes=2**40).share:
         return None
     total = torch.cuda.get_device_properties(device).total_memory
-    budget = backend_record(cfg).gpu_budget(cfg, device.type, step=step, total_bytes=total)
-    if not budget.share:
-        return None
+    budget = backend.gpu_budget(cfg, device.type, step=step, total_bytes=total)
     plan = shared_gpu_plan(cfg, total_bytes=total, params=count_parameters(model_path), policy_dtype=policy_dtype,
                            reference_here=reference_here, budget=budget,
                            adapter_params=lora_parameters(model_path, cfg.model.lora) if cfg.model.lora.enabled else None)

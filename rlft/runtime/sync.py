@@ -99,6 +99,7 @@ def sync_weights(ctx: RankContext) -> dict:
     woken = time.perf_counter()
     _stream_stages(ctx, targets, engines, complete)
     loaded = time.perf_counter()
+    out: dict = {}
     engine_check = None
     if roles.sampler and engines:  # the sampler's engine (in SFT the evaluator's, on the same rank)
         # Summed in a thread of its own (a vLLM engine in its worker process) while this rank sums
