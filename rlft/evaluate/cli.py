@@ -15,7 +15,8 @@ right when its last marked answer or last number is (``rlft.reward.lenient``).
 The prompt and the answer format are the training run's: ``--config run.yaml`` takes its
 ``data.prompt_template`` / ``system_prompt`` / ``prompt_messages``, ``reward.answer_format``, how its
 data's rows map to question and gold (``data.fields``, ``data.adapter``, ``data.hub_config``; e.g. a
-MATH-style ``problem`` / ``solution`` file whose answer is the last ``\\boxed{}``) and its
+MATH-style ``problem`` / ``solution`` file whose answer is the last ``\\boxed{}``; ``--fields
+question=problem,gold=solution,gold_kind=boxed`` says the same without a config) and its
 ``sampling.repetition_penalty`` / ``min_tokens``
 (e.g. ``launch/configs/grpo_instruct_1gpu.yaml``: the model's chat template, answers in
 ``\\boxed{}``); ``--prompt-template`` and ``--answer-format`` override them (default: the R1-Zero
