@@ -72,6 +72,8 @@ class RolloutWorker:
         rounds = g.max_sampling_rounds if g.dynamic_sampling else 1
         pool = GroupPool(target_groups=self.prompts.per_step)
         rollout, grades, examples = Rollout.empty(), [], []
+        if getattr(self.engine, "raw_engine_seconds", None):  # an evaluation's since the last step: not this step's
+            self.engine.raw_engine_seconds = []
         metrics = dict.fromkeys((f"grader/{k}" for k in GRADER_COUNTERS), 0.0)
         for r in range(rounds):
             with timed("sample"):
