@@ -9,6 +9,9 @@
 #      alternating order (sampling.vllm.raw_engine_baseline): OUT/wbig/, OUT/wbig_ratio.txt
 #      (benchmarks/interleaved_ratio.py: rlft's sample phase against the raw engine's, step by step)
 #      and TRL's GRPOTrainer with vLLM colocate on the same work (BASELINE=none skips it)
+#   wbig_share: the same W-big run (no TRL) with the engine's memory a fixed share of the GPU
+#      (sampling.vllm.gpu_memory_utilization=SHARE, default 0.3, as shipped before the KV cache was sized
+#      from the step): OUT/wbig_share/, OUT/wbig_share_ratio.txt; not in the default PARTS
 #   2. launch/configs/grpo_instruct_1gpu.yaml on the same 1.5B shape for STEPS_1P5B (60) steps, from GSM8K:
 #      the memory plan's decision, the sync and the peaks (OUT/instruct_1p5b/, OUT/instruct_1p5b.log).
 #      Random weights never earn a reward, so dynamic sampling would draw its every round: it is off
@@ -16,7 +19,7 @@
 #   3. benchmarks/bench_fp8.py on the 0.5B and 1.5B shapes (OUT/fp8/)
 #
 # Environment: GSM8K (train.jsonl and test.jsonl), PYTHON (python3), STEPS (8: W-big's steps), STEPS_1P5B
-# (60), PARTS (default "wbig instruct fp8").
+# (60), PARTS (default "wbig instruct fp8"; wbig_share on request), SHARE (0.3).
 set -uo pipefail
 out="$1"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,6 +38,13 @@ for part in ${PARTS:-wbig instruct fp8}; do
           say "wbig: exit $?"
           "$PYTHON" benchmarks/interleaved_ratio.py "$(find "$out/wbig" -name steps.jsonl | head -1)" \
             --json "$out/wbig/interleaved.json" > "$out/wbig_ratio.txt" 2>&1 ;;
+    wbig_share)
+      "$PYTHON" -m rlft.bench --model random-1.5b --workload w-big --steps "${STEPS:-8}" --baseline none \
+        --out "$out/wbig_share" sampling.vllm.raw_engine_baseline=true \
+        sampling.vllm.gpu_memory_utilization="${SHARE:-0.3}" > "$out/wbig_share.log" 2>&1
+      say "wbig_share: exit $?"
+      "$PYTHON" benchmarks/interleaved_ratio.py "$(find "$out/wbig_share" -name steps.jsonl | head -1)" \
+        --json "$out/wbig_share/interleaved.json" > "$out/wbig_share_ratio.txt" 2>&1 ;;
     instruct)
       model="$("$PYTHON" -c 'from rlft.bench.presets import resolve_bench_model; print(resolve_bench_model("random-1.5b"))' | tail -1)"
       "$PYTHON" -m deepspeed.launcher.runner --master_port "$(free_port)" --num_gpus 1 --module rlft.train_grpo \
@@ -45,7 +55,7 @@ for part in ${PARTS:-wbig instruct fp8}; do
       say "instruct: exit $?" ;;
     fp8) "$PYTHON" benchmarks/bench_fp8.py --out "$out/fp8" > "$out/fp8.log" 2>&1
          say "fp8: exit $?" ;;
-    *) say "unknown part $part (wbig, instruct, fp8)"; exit 2 ;;
+    *) say "unknown part $part (wbig, wbig_share, instruct, fp8)"; exit 2 ;;
   esac
 done
 say "done"
