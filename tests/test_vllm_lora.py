@@ -160,6 +160,28 @@ def test_sampled_logprobs_match_the_merged_weights_update(at_base, adapters):
     assert worst <= LOGPROB_TOL, worst
 
 
+def test_the_raw_engine_baseline_samples_with_the_adapter_too(at_base, adapters):
+    """sampling.vllm.raw_engine_baseline (benchmarks): vLLM's own generate on the same requests also gets
+    the adapter, so it times the same policy; rlft's rollouts are unchanged by it."""
+    engine = at_base
+    load(engine, adapters[0][1])
+    alone = engine.generate(PROMPTS[:2], SAMPLED)
+    requests, real = [], engine.llm.generate
+
+    def counted(prompts, params, use_tqdm=False, **kwargs):
+        requests.append(kwargs.get("lora_request"))
+        return real(prompts, params, use_tqdm=use_tqdm, **kwargs)
+
+    engine.raw_engine_baseline, engine.llm.generate = True, counted
+    try:
+        assert engine.generate(PROMPTS[:2], SAMPLED) == alone
+        assert len(engine.raw_engine_seconds) == 1
+    finally:
+        del engine.llm.generate
+        engine.raw_engine_baseline, engine.raw_engine_seconds = False, []
+    assert requests == [engine.lora_request] * 2
+
+
 class FakeBridge:
     """One rank: the gather is this rank's own numbers."""
 

@@ -202,7 +202,7 @@ class VLLMEngine(RolloutEngine):
         raw_first = self.raw_engine_baseline and self._raw_calls % 2 == 0  # A/B, then B/A, ...
         if raw_first:
             self._raw_generate(prompts, params)
-        outputs = self.llm.generate(prompts, params, use_tqdm=self.use_tqdm, lora_request=self.lora_request)
+        outputs = self.llm.generate(prompts, params, use_tqdm=self.use_tqdm, **self._adapter_kwargs())
         if self.raw_engine_baseline and not raw_first:
             self._raw_generate(prompts, params)
         groups = [
@@ -225,7 +225,7 @@ class VLLMEngine(RolloutEngine):
                                 seed=p.seed) for p in params]
         self.llm.reset_prefix_cache()
         start = time.perf_counter()
-        self.llm.generate(prompts, plain, use_tqdm=False, lora_request=self.lora_request)
+        self.llm.generate(prompts, plain, use_tqdm=False, **self._adapter_kwargs())
         self.raw_engine_seconds.append(time.perf_counter() - start)
         self._raw_calls += 1
         self.llm.reset_prefix_cache()
@@ -262,6 +262,11 @@ class VLLMEngine(RolloutEngine):
     def lora_request(self):
         """The ``LoRARequest`` of the adapter every ``generate`` computes with (None: none loaded)."""
         return None if self.adapters is None else self.adapters.request
+
+    def _adapter_kwargs(self) -> dict:
+        """``LLM.generate``'s ``lora_request`` once an adapter is loaded (none without: as without LoRA)."""
+        request = self.lora_request
+        return {} if request is None else {"lora_request": request}
 
     def update_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self._adapter_sync("update_adapter").add_part(named_tensors)
