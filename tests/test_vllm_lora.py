@@ -121,7 +121,7 @@ def test_an_adapter_sent_in_parts_samples_as_hf_merged_and_its_checksum_is_what_
     want = hf_greedy(copy.deepcopy(peft_model).merge_and_unload(), tokenizer)
     assert [g[0] for g in got] == want
     assert want != hf_greedy(model, tokenizer)  # the adapter changes the policy's tokens
-    assert set(engine.llm.llm_engine.list_loras()) == {engine.lora_request.lora_int_id}
+    assert set(engine.llm.llm_engine.list_loras()) == {engine.lora_request.lora_int_id} and engine.takes_adapters
     # What vLLM's LoRA manager holds (scaling folded into B, q/k/v and gate/up packed) is what was sent.
     held, sent = engine.adapter_checksum(), adapter_weights_checksum(state.items(), scaling=ALPHA / RANK,
                                                                      dtype=torch.float32)

@@ -66,6 +66,8 @@ def _stream_stages(ctx: RankContext, targets: list[int], engines: list, complete
     not only LoRA's adapted ones).  `adapters` (`model.lora.sync: adapter`): the stages' LoRA adapters
     instead, which each target's engines load once all the stages' parts have come."""
     t, roles, bridge = ctx.cfg.topology, ctx.roles, ctx.bridge
+    if adapters and (unable := [type(e).__name__ for e in engines if not e.takes_adapters]):
+        raise RuntimeError(f"model.lora.sync adapter: this rank's {', '.join(unable)} was built without LoRA adapters")
 
     def state() -> dict:
         return ctx.policy.adapter_state() if adapters else ctx.policy.sync_state(complete=complete)
