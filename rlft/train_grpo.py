@@ -86,8 +86,10 @@ def final_evaluation(ctx: RankContext, step: int) -> dict:
 def train(ctx: RankContext) -> None:
     cfg = ctx.cfg
     start = resume_checkpoint(ctx)
-    if start > 0 or cfg.schedule.evaluate_at_start:
-        sync_weights(ctx)  # the engines start from the initial model; a resumed policy differs
+    # The engines start from the initial model; a resumed policy differs, and an engine that loads the
+    # adapters (model.lora.sync: adapter) samples nothing before it holds the policy's.
+    if start > 0 or cfg.schedule.evaluate_at_start or cfg.model.lora.sends_adapters:
+        sync_weights(ctx)
         if ctx.rollout is not None:
             ctx.rollout.weights_synced(start)
     open_tracker(ctx, start)

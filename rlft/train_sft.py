@@ -112,7 +112,8 @@ def train(ctx: RankContext, data_info: dict) -> None:
         ctx.tracker.scalars(0, {"data/train_pairs": data_info["num_examples"],
                                 **{f"data/skipped/{k}": v for k, v in data_info["skipped"].items()}})
     if cfg.schedule.evaluate_at_start and start == 0:
-        report(ctx, 0, bridge.gather_objects(evaluate_now(ctx, 0, sync=False), dst=0))
+        # The engine holds the start model; one that loads the adapters (model.lora.sync: adapter) takes them first.
+        report(ctx, 0, bridge.gather_objects(evaluate_now(ctx, 0, sync=cfg.model.lora.sends_adapters), dst=0))
     run_steps(ctx, sft_step, start, desc="sft", final_eval=evaluate_now, extra_metrics=train_throughput)
     close_tracker(ctx)
 

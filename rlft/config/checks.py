@@ -23,7 +23,7 @@ from rlft.config.schema import (
     TopologyConfig,
     check_sampling_ranges,
 )
-from rlft.engines import BACKENDS, EngineSettingError, backend_choices
+from rlft.engines import AUTO, BACKENDS, EngineSettingError, backend_choices
 from rlft.grpo import (
     ADVANTAGE_ESTIMATORS,
     AGGREGATION_MODES,
@@ -147,6 +147,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_reward(cfg.reward)
     _check_rollout_corrections(cfg.grpo, cfg.sampling)
     _check_sampling_section(cfg.sampling)
+    _check_lora_sync(cfg)
     _check_optim(cfg.optim, cfg.grpo)
     _check_schedule(cfg.schedule)
     _check_output_and_data(cfg)
@@ -224,6 +225,32 @@ def _check_sampling_section(s: SamplingConfig) -> None:
     _require(s.eval_max_tokens is None or s.eval_max_tokens >= s.min_tokens,
              f"sampling.eval_max_tokens: must be >= sampling.min_tokens ({s.min_tokens}), the evaluation's "
              f"forced minimum, got {s.eval_max_tokens}")
+
+
+def _check_lora_sync(cfg: RunConfig) -> None:
+    """`model.lora.sync: adapter` needs LoRA, and an engine that loads the adapters itself under the
+    run's settings (its record's `check_adapter_sync`).  `sampling.backend: auto` passes when one of the
+    engines installed here can; the one it becomes is checked again at start (`settle_backend`)."""
+    lora, backend = cfg.model.lora, cfg.sampling.backend
+    if lora.sync != "adapter":
+        return
+    _require(lora.enabled, "model.lora.sync: adapter sends the LoRA adapters alone to the sampler, and needs "
+                           "model.lora.enabled: true (or leave model.lora.sync at merged)")
+    records = [BACKENDS[backend]] if backend != AUTO else [r for r in BACKENDS.values() if r.lora_adapters]
+    if backend == AUTO:
+        _require(any(r.installed() for r in records),
+                 f"model.lora.sync: adapter loads the LoRA adapters into the sampler's engine, and no engine that "
+                 f"can ({', '.join(r.name for r in records) or 'none registered'}) is installed here; install "
+                 f"one or set model.lora.sync: merged")
+        records = [r for r in records if r.installed()]
+    errors = []
+    for record in records:
+        try:
+            record.check_adapter_sync(cfg)
+            return
+        except EngineSettingError as e:
+            errors.append(str(e))
+    raise ConfigError(errors[0])
 
 
 def _check_optim(o: schema.OptimConfig, g: GRPOConfig) -> None:

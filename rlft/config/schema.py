@@ -30,16 +30,20 @@ class ConfigError(ValueError):
 CHECKPOINT_STATE_FILE = "trainer_state.json"
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_SYNC_MODES = ("merged", "adapter")  # model.lora.sync
 
 @dataclass
 class LoRAConfig:
     # LoRA adapters (peft) on the decoder layers' linear projections: only they are trained; the
-    # reference is the base model (adapters off); the sampler gets the merged weights.
+    # reference is the base model (adapters off).
     enabled: bool = False
     rank: int = 16
     alpha: float = 32.0  # scaling = alpha / rank
     dropout: float = 0.0
     target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # names inside a decoder layer
+    # What each weight sync sends the sampler: merged (the adapted projections, W + B A * alpha / rank) |
+    # adapter (the adapters alone, which the vLLM engines load as a LoRA adapter; vLLM only, kept awake)
+    sync: str = "merged"
 
     def __post_init__(self):
         if self.rank < 1:
@@ -55,6 +59,13 @@ class LoRAConfig:
         if unknown:  # peft would adapt the others and leave these out without a word
             raise ConfigError(f"model.lora.target_modules: {', '.join(map(repr, unknown))} names no linear layer of a "
                               f"decoder layer (llama, mistral, qwen2, qwen3 have {', '.join(LORA_TARGETS)})")
+        if self.sync not in LORA_SYNC_MODES:
+            raise ConfigError(f"model.lora.sync: must be one of {', '.join(LORA_SYNC_MODES)}, got {self.sync!r}")
+
+    @property
+    def sends_adapters(self) -> bool:
+        """Each weight sync sends the adapters alone, which the engines load as a LoRA adapter."""
+        return self.enabled and self.sync == "adapter"
 
 @dataclass
 class ModelConfig:

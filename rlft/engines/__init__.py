@@ -17,6 +17,7 @@ name means.  ``sampling.backend: auto`` is resolved once, at a launch's start
     vllm_engine.py   vLLM in its own process, weights updated in place
     vllm_sender.py   the owner's side of those updates: tensors checked, packed and sent in buckets
     vllm_worker.py   the worker extension inside vLLM's process that takes the weights
+    vllm_lora.py     LoRA adapters loaded into vLLM (``model.lora.sync: adapter``) and their checksum
 
 A new engine is its module (a ``RolloutEngine``, and a ``Backend`` record passed to
 ``register_backend`` when the module is imported) and its test.  rlft's own engines are imported

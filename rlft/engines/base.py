@@ -195,6 +195,28 @@ class RolloutEngine(ABC):
     def wake(self) -> None:
         """Undo :meth:`sleep` (no-op by default)."""
 
+    # ---------------------------------------------- LoRA adapters (``model.lora.sync: adapter``)
+    # Only an engine built to load adapters (its record's ``lora_adapters``, e.g. vLLM's) overrides these.
+
+    @property
+    def takes_adapters(self) -> bool:
+        """The engine was built to load the policy's LoRA adapters (the methods below)."""
+        return False
+
+    def update_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Take one part of the policy's LoRA adapters (peft's names, one pipeline stage's); nothing is
+        loaded until :meth:`finish_adapter_update`."""
+        raise NotImplementedError(f"{type(self).__name__} does not load LoRA adapters")
+
+    def finish_adapter_update(self) -> None:
+        """Load the parts given since the last call as the adapter every ``generate`` uses from now on,
+        in place of the previous one."""
+        raise NotImplementedError(f"{type(self).__name__} does not load LoRA adapters")
+
+    def adapter_checksum(self) -> dict[str, float]:
+        """:func:`adapter_weights_checksum` of the adapter the engine computes with (as it holds it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not load LoRA adapters")
+
     def close(self) -> None:
         """Release the engine's resources (no-op by default)."""
 
@@ -264,6 +286,24 @@ def named_weights_checksum(
         if not (tie_word_embeddings and name == "lm_head.weight")
     )
     return weights_checksum_of(tensors)
+
+
+def adapter_weights_checksum(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    *,
+    scaling: float,
+    dtype: torch.dtype | None = None,
+) -> dict[str, float]:
+    """``{"sum", "abs_sum"}`` of LoRA adapters under peft's names, as an engine computes with them: each
+    ``lora_A`` as it is and each ``lora_B`` times ``scaling`` (alpha / rank), the scaling folded into B
+    (vLLM's ``LoRALayerWeights.optimize``), each first cast to ``dtype`` (the engine's) and multiplied in
+    it, so the same arithmetic gives the same values on both sides of a sync."""
+    def tensors():
+        for name, t in named_tensors:
+            t = t.detach() if dtype is None else t.detach().to(dtype)
+            yield t * scaling if ".lora_B." in name and scaling != 1 else t
+
+    return weights_checksum_of(tensors())
 
 
 def restrict_to_device(local_gpu_index: int) -> str:

@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rlft.engines.base import EngineUnavailable
+from rlft.engines.base import EngineSettingError, EngineUnavailable
 
 if TYPE_CHECKING:
     from rlft.engines.base import RolloutEngine
@@ -91,6 +91,8 @@ class Backend:
     * ``gpu_share_setting`` / ``sleep_setting``: the config keys that set its share of a GPU and
       whether it sleeps (None: it has none), for messages that say what to change.
     * ``loggers``: its libraries' loggers, kept to warnings in a rank's log.
+    * ``lora_adapters``: the engine loads the policy's LoRA adapters itself (``model.lora.sync:
+      adapter``: its engine takes ``update_adapter``), subject to :meth:`check_adapter_sync`.
     """
 
     name: str
@@ -100,6 +102,7 @@ class Backend:
     gpu_share_setting: str | None = None
     sleep_setting: str | None = None
     loggers: tuple[str, ...] = ()
+    lora_adapters: bool = False
 
     # -------------------------------------------------- before anything is built
 
@@ -114,6 +117,16 @@ class Backend:
     def check_settings(self, sampling: Any) -> None:
         """The ranges of its own settings in the config's ``sampling`` section, checked when the
         config is loaded; raises :class:`~rlft.engines.base.EngineSettingError` naming the key."""
+
+    def check_adapter_sync(self, cfg: Any) -> None:
+        """With ``model.lora.sync: adapter``: raises :class:`~rlft.engines.base.EngineSettingError`
+        (one line naming the settings) where this engine cannot take the adapters alone."""
+        if not self.lora_adapters:
+            able = ", ".join(r.name for r in BACKENDS.values() if r.lora_adapters) or "none registered"
+            raise EngineSettingError(
+                f"model.lora.sync: adapter loads the LoRA adapters into the sampler's engine, and sampling.backend "
+                f"{self.name} ({self.label or self.name}) cannot take them; set sampling.backend to one that can "
+                f"({able}) or model.lora.sync: merged")
 
     def prepare_process(self) -> None:
         """Settings the engine reads when it starts, set before anything looks at CUDA or imports

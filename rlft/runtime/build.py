@@ -37,6 +37,22 @@ def build_roles(ctx: RankContext, objective: Objective, *, batch_size: int, roll
     except ConfigError as e:
         error = str(e)
     agree_on_config_error(ctx, error)
+    if ctx.roles.rank == 0 and ctx.cfg.model.lora.enabled:
+        log_lora_sync(ctx)
+
+
+def log_lora_sync(ctx: RankContext) -> None:
+    """One line: what each weight sync sends with LoRA (`model.lora.sync`), and the adapters' size."""
+    from rlft.runtime.memory_plan import lora_parameters
+
+    lora = ctx.cfg.model.lora
+    mb = lora_parameters(ctx.model_path, lora) * ctx.policy_dtype.itemsize / 1e6
+    if lora.sends_adapters:
+        log.info("model.lora.sync: adapter: each weight sync sends the LoRA adapters alone (%.1f MB), which the "
+                 "engines load as their adapter", mb)
+    else:
+        log.info("model.lora.sync: merged: each weight sync sends the adapted projections with the adapters merged "
+                 "in (the adapters alone: %.1f MB)", mb)
 
 
 def agree_on_config_error(ctx: RankContext, error: str | None) -> None:
@@ -63,7 +79,7 @@ def _plan_memory(ctx: RankContext, training: Training) -> float | None:
     if not (roles.policy and roles.hosts_engine):
         return None
     from rlft.config.role_records import ROLES
-    from rlft.runtime.memory_plan import check_shared_gpu, step_shape, train_activation_gib
+    from rlft.runtime.memory_plan import check_fits_awake, check_shared_gpu, step_shape, train_activation_gib
 
     step = None
     if ctx.device.type == "cuda" and roles.hosts("sampler") and ROLES["sampler"].wanted(cfg, training):
@@ -83,7 +99,9 @@ def _plan_memory(ctx: RankContext, training: Training) -> float | None:
         ctx.gpu_budget.describe(int(plan["total"] * 2**30)))
     if step is None:
         return None
-    return plan["policy"] + plan["reference"] + train_activation_gib(cfg, ctx.model_path, step.tokens, ctx.policy_dtype)
+    peak = plan["policy"] + plan["reference"] + train_activation_gib(cfg, ctx.model_path, step.tokens, ctx.policy_dtype)
+    check_fits_awake(cfg, plan, peak)  # model.lora.sync adapter: the engine cannot sleep
+    return peak
 
 
 def _build_roles(ctx: RankContext, training: Training) -> None:

@@ -39,14 +39,20 @@ def settle_backend(ctx: RankContext, model_path: str) -> None:
     id fetched, a .gguf converted), and on the device the ranks chose; the launch checks the config
     on its own node, before any rank starts and without torch.  Before this, only what a rank must
     prepare for every engine the value may become reads it (`rlft.runtime.rank.restrict_gpu_for_engine`)."""
-    from rlft.engines import EngineUnavailable, resolve_backend
+    from rlft.engines import EngineSettingError, EngineUnavailable, resolve_backend
 
     cfg, error, name = ctx.cfg, None, None
+    asked = cfg.sampling.backend
     if ctx.roles.rank == cfg.topology.evaluator_rank:
         try:
-            name = resolve_backend(cfg.sampling.backend, model_path, ctx.device.type).name
+            record = resolve_backend(asked, model_path, ctx.device.type)
+            name = record.name
+            if cfg.model.lora.sends_adapters:  # auto may have become an engine that cannot load them
+                record.check_adapter_sync(cfg)
         except EngineUnavailable as e:
             error = f"sampling.backend: {e}"
+        except EngineSettingError as e:
+            error = str(e) + (f" (sampling.backend {asked} is {name} here)" if asked != name else "")
     error, name = ctx.bridge.broadcast_object((error, name), src=cfg.topology.evaluator_rank)
     if error:
         raise ConfigError(error)

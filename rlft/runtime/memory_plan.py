@@ -178,7 +178,10 @@ def settle_sleep_mode(ctx, estimated_peak_gib: float | None) -> None:
     if not backend.sleep_is_auto(cfg):
         return
     must_sleep = 0.0
-    if ctx.gpu_plan is not None and estimated_peak_gib is not None:
+    if cfg.model.lora.sends_adapters:  # adapter syncs never send the base weights a sleeping engine drops
+        if ctx.gpu_plan is not None:  # and it fits awake (`check_fits_awake`, before this)
+            log.info("%s auto: the engine stays awake (model.lora.sync: adapter)", backend.sleep_setting)
+    elif ctx.gpu_plan is not None and estimated_peak_gib is not None:
         spare = awake_spare_gib(ctx.gpu_plan, estimated_peak_gib)
         must_sleep = 1.0 if spare <= 0 else 0.0
         log.info("%s auto: the engine %s (%.1f GiB) beside the train phase's estimated peak of %.1f GiB "
@@ -188,6 +191,26 @@ def settle_sleep_mode(ctx, estimated_peak_gib: float | None) -> None:
     sleeps = ctx.bridge.all_reduce_max(must_sleep) > 0
     backend.settle_sleep(cfg, sleeps)
     ctx.sleep_auto = True
+
+
+def check_fits_awake(cfg: RunConfig, plan: dict[str, float] | None, estimated_peak_gib: float | None) -> None:
+    """With `model.lora.sync: adapter` the engine stays awake (an ``auto`` sleep setting settles to
+    false, :func:`settle_sleep_mode`): ConfigError, naming the numbers and `model.lora.sync: merged`,
+    where the memory plan finds that it does not fit awake beside the train phase's estimated peak
+    (:func:`awake_spare_gib`).  On the rank that holds the plan, before the ranks agree on config errors."""
+    backend = backend_record(cfg)
+    if plan is None or estimated_peak_gib is None or not (cfg.model.lora.sends_adapters and backend.sleep_is_auto(cfg)):
+        return
+    spare = awake_spare_gib(plan, estimated_peak_gib)
+    if spare > 0:
+        return
+    setting = backend.sleep_setting
+    raise ConfigError(
+        f"model.lora.sync: adapter keeps the engine awake ({setting} cannot make it sleep: a sleeping engine drops "
+        f"the base weights, which adapter syncs never send), and it does not fit awake on this "
+        f"{plan['total']:.0f} GiB GPU: engine {plan['engine']:.1f} GiB + headroom {plan['headroom']:.1f} GiB + the "
+        f"train phase's estimated peak {estimated_peak_gib:.1f} GiB and {AWAKE_MARGIN:.0%} more ({-spare:.1f} GiB "
+        f"short); set model.lora.sync: merged (the engine then sleeps while the policy trains)")
 
 
 def note_sleep_mode(ctx, step: int, start: int, metrics: dict) -> None:
@@ -217,7 +240,7 @@ def note_sleep_mode(ctx, step: int, start: int, metrics: dict) -> None:
         elif not sleeping:
             log.info("%s auto: the train phase peaked at %.1f GiB beside the awake engine (%.1f GiB), %.1f GiB spare "
                      "beyond %s more%s", backend.sleep_setting, peak, plan["engine"], spare, f"{AWAKE_MARGIN:.0%}",
-                     "" if spare > 0 else f"; longer responses may not fit: {backend.sleep_setting}=true frees the "
+                     "" if spare > 0 else f"; longer responses may not fit: {awake_fix(ctx.cfg)} frees the "
                      "engine's memory while the policy trains")
         return
     if not sleeping:
@@ -225,6 +248,12 @@ def note_sleep_mode(ctx, step: int, start: int, metrics: dict) -> None:
     hint = sleep_mode_hint(plan, peak, wake, backend.sleep_setting)
     if hint:
         log.info("%s", hint)
+
+
+def awake_fix(cfg: RunConfig) -> str:
+    """The settings that let the engine sleep while the policy trains."""
+    setting = backend_record(cfg).sleep_setting
+    return f"model.lora.sync=merged with {setting}=true" if cfg.model.lora.sends_adapters else f"{setting}=true"
 
 
 def refuse_if_short(plan: dict[str, float], cfg: RunConfig) -> None:

@@ -1,11 +1,14 @@
-"""Fresh policy weights into the engines (the sampler's and the evaluator's), in place."""
+"""Fresh policy weights into the engines (the sampler's and the evaluator's), in place; with
+`model.lora.sync: adapter`, the policy's LoRA adapters, which the engines load as their adapter."""
 from __future__ import annotations
 
 import concurrent.futures
 import time
 
+import torch
+
 from rlft.engines import backend_record
-from rlft.engines.base import named_weights_checksum
+from rlft.engines.base import adapter_weights_checksum, named_weights_checksum
 from rlft.runtime.context import RankContext
 from rlft.config.topology import policy_rank_of
 
@@ -23,9 +26,9 @@ SYNC_TOLERANCE = 1e-6
 _CHECKSUMS = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlft-engine-checksum")
 
 
-def _timed_checksum(engine) -> tuple[dict, float]:
+def _timed_checksum(engine, adapters: bool) -> tuple[dict, float]:
     started = time.perf_counter()
-    sums = engine.weights_checksum()
+    sums = engine.adapter_checksum() if adapters else engine.weights_checksum()
     return sums, time.perf_counter() - started
 
 
@@ -33,9 +36,10 @@ class WeightSyncError(RuntimeError):
     """The sampler's engine does not hold the policy's weights after a sync; the message says by how much."""
 
 
-def sync_mismatch(parts: list[dict]) -> str | None:
+def sync_mismatch(parts: list[dict], *, adapters: bool = False) -> str | None:
     """Compares what the policy stages sent with what the sampler's engine holds, from every rank's
-    `sync_weights` numbers; returns what differs, or None when they agree (or nothing was measured)."""
+    `sync_weights` numbers; returns what differs, or None when they agree (or nothing was measured).
+    `adapters`: the numbers are the LoRA adapters' (`model.lora.sync: adapter`), not the weights'."""
     merged: dict = {}
     for part in parts:
         merged.update(part)
@@ -48,32 +52,42 @@ def sync_mismatch(parts: list[dict]) -> str | None:
     worst = max(abs(engine[kind] - policy[kind]) for kind in engine) / scale
     if worst <= SYNC_TOLERANCE:
         return None
-    return (f"after the weight sync the sampler's engine does not hold the policy's weights: sum "
+    what = "LoRA adapter" if adapters else "weights"
+    return (f"after the weight sync the sampler's engine does not hold the policy's {what}: sum "
             f"{engine['sum']:.10g} against the policy's {policy['sum']:.10g}, absolute sum {engine['abs_sum']:.10g} "
             f"against {policy['abs_sum']:.10g} (difference {worst:.2g} of the absolute sum, allowed "
             f"{SYNC_TOLERANCE:g}); its samples would come from another policy, so the run stops here (the "
             f"checkpoints saved so far hold the trained weights)")
 
 
-def _stream_stages(ctx: RankContext, targets: list[int], engines: list, complete: bool) -> None:
+def _stream_stages(ctx: RankContext, targets: list[int], engines: list, complete: bool, adapters: bool) -> None:
     """Every stage's tensors (replica 0) into the engines of the `targets` ranks: loaded in place where
     the stage and the engine share a rank, sent over the bridge otherwise (`complete`: every weight,
-    not only LoRA's adapted ones)."""
+    not only LoRA's adapted ones).  `adapters` (`model.lora.sync: adapter`): the stages' LoRA adapters
+    instead, which each target's engines load once all the stages' parts have come."""
     t, roles, bridge = ctx.cfg.topology, ctx.roles, ctx.bridge
+    if adapters and (unable := [type(e).__name__ for e in engines if not e.takes_adapters]):
+        raise RuntimeError(f"model.lora.sync adapter: this rank's {', '.join(unable)} was built without LoRA adapters")
+
+    def state() -> dict:
+        return ctx.policy.adapter_state() if adapters else ctx.policy.sync_state(complete=complete)
+
+    def load(named: list) -> None:
+        for e in engines:
+            (e.update_adapter if adapters else e.update_weights)(named)
+
     for target in targets:
         for stage in range(t.pipeline_stages):
             src = policy_rank_of(t, replica=0, stage=stage)
             if roles.rank == src and roles.rank == target:
-                state = list(ctx.policy.sync_state(complete=complete).items())
-                for e in engines:
-                    e.update_weights(state)
+                load(list(state().items()))
             elif roles.rank == src:
-                bridge.send_named_tensors(ctx.policy.sync_state(complete=complete).items(), dst=target,
-                                          tag=SYNC_TAG + stage)
+                bridge.send_named_tensors(state().items(), dst=target, tag=SYNC_TAG + stage)
             elif roles.rank == target:
-                received = list(bridge.recv_named_tensors(src, tag=SYNC_TAG + stage, device=ctx.device))
-                for e in engines:
-                    e.update_weights(received)
+                load(list(bridge.recv_named_tensors(src, tag=SYNC_TAG + stage, device=ctx.device)))
+        if adapters and roles.rank == target:
+            for e in engines:
+                e.finish_adapter_update()
 
 
 def sync_weights(ctx: RankContext) -> dict:
@@ -91,27 +105,24 @@ def sync_weights(ctx: RankContext) -> dict:
     engines = ctx.engines()
     # With LoRA only the adapted weights travel (merged): the engines keep the base model's others,
     # unless the engine's record says it may drop them (a sleeping vLLM engine, level 2); the
-    # checksums below still cover every weight.
+    # checksums below still cover every weight.  With model.lora.sync adapter only the adapters
+    # travel, and the checksums cover them (the base weights never change in the engines).
     complete = backend_record(ctx.cfg).sync_complete(ctx.cfg, ctx.device.type)
+    adapters = ctx.cfg.model.lora.sends_adapters
     clock = time.perf_counter()
     for e in engines:
         e.wake()
     woken = time.perf_counter()
-    _stream_stages(ctx, targets, engines, complete)
+    _stream_stages(ctx, targets, engines, complete, adapters)
     loaded = time.perf_counter()
     out: dict = {}
     engine_check = None
     if roles.sampler and engines:  # the sampler's engine (in SFT the evaluator's, on the same rank)
         # Summed in a thread of its own (a vLLM engine in its worker process) while this rank sums
         # its share of the policy, when it holds one.
-        engine_check = _CHECKSUMS.submit(_timed_checksum, engines[0])
+        engine_check = _CHECKSUMS.submit(_timed_checksum, engines[0], adapters)
     if roles.policy and roles.replica == 0:
-        started = time.perf_counter()
-        sums = named_weights_checksum(ctx.policy.export_state().items())
-        out.update({f"sync/policy_sum/stage{roles.stage}": sums["sum"],
-                    f"sync/policy_abs_sum/stage{roles.stage}": sums["abs_sum"],
-                    # the stage's own sum (seconds), against the engine's: which side the checksums wait on
-                    f"time/sync/checksum_policy/stage{roles.stage}": time.perf_counter() - started})
+        out.update(_policy_checksum(ctx, adapters))
     if engine_check is not None:
         sums, engine_seconds = engine_check.result()
         done = time.perf_counter()
@@ -125,6 +136,20 @@ def sync_weights(ctx: RankContext) -> dict:
         if finish:
             out["time/sync/load_finish"] = sum(finish)
     parts = bridge.gather_objects(out, dst=t.sampler_rank)
-    if parts is not None and (problem := sync_mismatch(parts)):
+    if parts is not None and (problem := sync_mismatch(parts, adapters=adapters)):
         raise WeightSyncError(problem)
     return out
+
+
+def _policy_checksum(ctx: RankContext, adapters: bool) -> dict:
+    """This stage's sums of what it sent: its weights (merged with LoRA), or its LoRA adapters as the
+    engine holds them (`adapter_weights_checksum`: B scaled by alpha / rank, in the engines' dtype)."""
+    started, stage, lora = time.perf_counter(), ctx.roles.stage, ctx.cfg.model.lora
+    if adapters:
+        sums = adapter_weights_checksum(ctx.policy.adapter_state().items(), scaling=lora.alpha / lora.rank,
+                                        dtype=getattr(torch, ctx.dtype))
+    else:
+        sums = named_weights_checksum(ctx.policy.export_state().items())
+    return {f"sync/policy_sum/stage{stage}": sums["sum"], f"sync/policy_abs_sum/stage{stage}": sums["abs_sum"],
+            # the stage's own sum (seconds), against the engine's: which side the checksums wait on
+            f"time/sync/checksum_policy/stage{stage}": time.perf_counter() - started}
