@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The instruct recipe's parts taken out one at a time (launch/configs/grpo_instruct_1gpu.yaml): every arm
+# trains the same model for the same minutes, all arms at once on one GPU, then each is evaluated on the
+# whole test split (greedy) and compared with the recipe as shipped on the same questions (McNemar).
+#
+#   MODEL=path/to/model.gguf GSM8K=path/to/gsm8k bash benchmarks/instruct_ablation.sh OUT
+#
+# Arms (ARMS, default all five):
+#   shipped              the config as shipped
+#   no_dynamic_sampling  grpo.dynamic_sampling=false (groups of equal rewards are trained on, at zero advantage)
+#   no_overlong          grpo.overlong=none (no penalty for answers that run into the last tokens)
+#   no_eos_training      grpo.train_on_eos=false (the end-of-turn token gets no gradient: the original's mask)
+#   difficulty           data.sampler=difficulty (prompts always or never solved rested) instead of uniform
+#
+# Side by side on one GPU every arm's engine sleeps while its policy trains (sampling.vllm.sleep_mode=true:
+# the memory plan's "awake" decision assumes a GPU of its own), its KV cache is sized from the step, and
+# its decoder layers recompute their activations in the backward pass (MEMORY_ARGS, default
+# model.activation_checkpointing=true: at 0.5B the train phase's peak falls from ~32 GiB to ~12, so five
+# arms fit on one 141 GB GPU; it costs train time, equally in every arm, and changes no number).
+# Arms start one after another, each once the one before has finished a step (vLLM measures free memory
+# at start-up), and each trains for MINUTES of its own step time (schedule.time_limit_minutes), so the
+# arms that start later share the GPU with fewer others at their end: the minutes are equal, the
+# contention nearly so.  Each arm's last step is followed by its final evaluation (all of data.eval_size).
+# OUT/<arm>/ is each run, OUT/<arm>.log its output, OUT/ablation.json and the printed table the summary
+# (benchmarks/ablation_summary.py; BEFORE=DIR adds each arm's change from the starting model's
+# evaluation in DIR, e.g. instruct_gsm8k.sh's OUT/before).
+#
+# Environment: MODEL, GSM8K, ARMS, MINUTES (12), STEPS (1000: the minutes end the run), CONFIG, PYTHON
+# (python3), MEMORY_ARGS (above), SHARED_ARGS (more key=value overrides for every arm), NUM_GPUS (1; 0 on a machine without
+# one, for a smoke run), START_TIMEOUT (900 s: how long an arm may take to finish its first step).
+set -uo pipefail
+out="$1"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+PYTHON="${PYTHON:-python3}"
+CONFIG="${CONFIG:-launch/configs/grpo_instruct_1gpu.yaml}"
+ARMS="${ARMS:-shipped no_dynamic_sampling no_overlong no_eos_training difficulty}"
+: "${MODEL:?set MODEL to the instruct model (HF directory, .gguf or hub id)}"
+: "${GSM8K:?set GSM8K to a directory with train.jsonl and test.jsonl}"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RLFT_PROGRESS=0
+if [ "${NUM_GPUS:-1}" = 0 ]; then export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES=""; fi
+mkdir -p "$out"
+say() { echo "[ablation $(date +%H:%M:%S)] $*" | tee -a "$out/arms.log"; }
+free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'; }
+arm_args() {
+  case "$1" in
+    shipped) ;;
+    no_dynamic_sampling) echo grpo.dynamic_sampling=false ;;
+    no_overlong) echo grpo.overlong=none ;;
+    no_eos_training) echo grpo.train_on_eos=false ;;
+    difficulty) echo data.sampler=difficulty ;;
+    *) return 1 ;;
+  esac
+}
+for arm in $ARMS; do
+  arm_args "$arm" >/dev/null || { echo "instruct_ablation.sh: unknown arm $arm (shipped no_dynamic_sampling no_overlong no_eos_training difficulty)" >&2; exit 2; }
+done
+pids=()
+for arm in $ARMS; do
+  say "$arm: start ($(arm_args "$arm"))"
+  # shellcheck disable=SC2046  # the overrides are words
+  "$PYTHON" -m deepspeed.launcher.runner --master_port "$(free_port)" --num_gpus "${NUM_GPUS:-1}" --module rlft.train_grpo \
+    --config "$CONFIG" model.path="$MODEL" data.source="$GSM8K" schedule.steps="${STEPS:-1000}" \
+    schedule.time_limit_minutes="${MINUTES:-12}" schedule.evaluate_at_start=false schedule.evaluate_freq=0 \
+    schedule.save_every=0 output.resume=never sampling.vllm.sleep_mode=true output.dir="$out/$arm" \
+    ${MEMORY_ARGS-model.activation_checkpointing=true} $(arm_args "$arm") ${SHARED_ARGS:-} > "$out/$arm.log" 2>&1 &
+  pids+=($!)
+  waited=0
+  until [ -s "$out/$arm/steps.jsonl" ] || ! kill -0 "${pids[-1]}" 2>/dev/null; do
+    sleep 5; waited=$(( waited + 5 ))
+    [ "$waited" -ge "${START_TIMEOUT:-900}" ] && { say "$arm: no step after $waited s; starting the next arm anyway"; break; }
+  done
+done
+rc=0
+for i in "${!pids[@]}"; do
+  arm=$(echo $ARMS | cut -d' ' -f$(( i + 1 )))
+  wait "${pids[$i]}"; code=$?
+  say "$arm: exit $code"
+  [ "$code" = 0 ] || rc=$code
+done
+"$PYTHON" benchmarks/ablation_summary.py "$out" --arms $ARMS ${BEFORE:+--before "$BEFORE"} --json "$out/ablation.json" \
+  | tee "$out/ablation.txt" || rc=$?
+exit $rc
