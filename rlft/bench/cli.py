@@ -99,7 +99,8 @@ def bench_overrides(w: Workload, *, model_dir: str, data: str, steps: int, backe
         f"output.dir={out_dir}",
         "output.resume=never",
         f"data.source={data}",
-        f"data.train_size={w.prompts * steps}",  # one epoch = the run: no mid-run epoch checkpoint
+        # one step more than the run: no step ends an epoch of prompts, so none saves a checkpoint
+        f"data.train_size={w.prompts * (steps + 1)}",
         "data.eval_size=1",  # the trainer evaluates after its last step; keep that short
         f"sampling.eval_max_tokens={w.tokens}",  # the forced minimum applies to evaluation too
         f"sampling.backend={backend}",
