@@ -11,6 +11,7 @@
 #   no_overlong          grpo.overlong=none (no penalty for answers that run into the last tokens)
 #   no_eos_training      grpo.train_on_eos=false (the end-of-turn token gets no gradient: the original's mask)
 #   difficulty           data.sampler=difficulty (prompts always or never solved rested) instead of uniform
+#   NAME:KEY=VALUE,...   an arm of your own, e.g. lr8e-6:optim.lr=8e-6 or short:sampling.max_tokens=384
 #
 # Side by side on one GPU every arm's engine sleeps while its policy trains (sampling.vllm.sleep_mode=true:
 # the memory plan's "awake" decision assumes a GPU of its own), its KV cache is sized from the step, and
@@ -26,7 +27,7 @@
 # evaluation in DIR, e.g. instruct_gsm8k.sh's OUT/before).
 #
 # Environment: MODEL, GSM8K, ARMS, MINUTES (12), STEPS (1000: the minutes end the run), CONFIG, PYTHON
-# (python3), MEMORY_ARGS (above), SHARED_ARGS (more key=value overrides for every arm), NUM_GPUS (1; 0 on a machine without
+# (python3), MEMORY_ARGS (above), SHARED_ARGS (more key=value overrides for every arm; an arm's own win), NUM_GPUS (1; 0 on a machine without
 # one, for a smoke run), START_TIMEOUT (900 s: how long an arm may take to finish its first step).
 set -uo pipefail
 out="$1"
@@ -44,6 +45,7 @@ say() { echo "[ablation $(date +%H:%M:%S)] $*" | tee -a "$out/arms.log"; }
 free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'; }
 arm_args() {
   case "$1" in
+    *:*=*) echo "${1#*:}" | tr ',' ' ' ;;
     shipped) ;;
     no_dynamic_sampling) echo grpo.dynamic_sampling=false ;;
     no_overlong) echo grpo.overlong=none ;;
@@ -52,18 +54,20 @@ arm_args() {
     *) return 1 ;;
   esac
 }
-for arm in $ARMS; do
-  arm_args "$arm" >/dev/null || { echo "instruct_ablation.sh: unknown arm $arm (shipped no_dynamic_sampling no_overlong no_eos_training difficulty)" >&2; exit 2; }
+for spec in $ARMS; do
+  arm_args "$spec" >/dev/null || { echo "instruct_ablation.sh: unknown arm $spec (shipped no_dynamic_sampling no_overlong no_eos_training difficulty, or NAME:KEY=VALUE,...)" >&2; exit 2; }
 done
 pids=()
-for arm in $ARMS; do
-  say "$arm: start ($(arm_args "$arm"))"
+names=()
+for spec in $ARMS; do
+  arm="${spec%%:*}"; names+=("$arm")
+  say "$arm: start ($(arm_args "$spec"))"
   # shellcheck disable=SC2046  # the overrides are words
   "$PYTHON" -m deepspeed.launcher.runner --master_port "$(free_port)" --num_gpus "${NUM_GPUS:-1}" --module rlft.train_grpo \
     --config "$CONFIG" model.path="$MODEL" data.source="$GSM8K" schedule.steps="${STEPS:-1000}" \
     schedule.time_limit_minutes="${MINUTES:-12}" schedule.evaluate_at_start=false schedule.evaluate_freq=0 \
     schedule.save_every=0 output.resume=never sampling.vllm.sleep_mode=true output.dir="$out/$arm" \
-    ${MEMORY_ARGS-model.activation_checkpointing=true} $(arm_args "$arm") ${SHARED_ARGS:-} > "$out/$arm.log" 2>&1 &
+    ${MEMORY_ARGS-model.activation_checkpointing=true} ${SHARED_ARGS:-} $(arm_args "$spec") > "$out/$arm.log" 2>&1 &
   pids+=($!)
   waited=0
   until [ -s "$out/$arm/steps.jsonl" ] || ! kill -0 "${pids[-1]}" 2>/dev/null; do
@@ -73,11 +77,11 @@ for arm in $ARMS; do
 done
 rc=0
 for i in "${!pids[@]}"; do
-  arm=$(echo $ARMS | cut -d' ' -f$(( i + 1 )))
+  arm="${names[$i]}"
   wait "${pids[$i]}"; code=$?
   say "$arm: exit $code"
   [ "$code" = 0 ] || rc=$code
 done
-"$PYTHON" benchmarks/ablation_summary.py "$out" --arms $ARMS ${BEFORE:+--before "$BEFORE"} --json "$out/ablation.json" \
+"$PYTHON" benchmarks/ablation_summary.py "$out" --arms "${names[@]}" ${BEFORE:+--before "$BEFORE"} --json "$out/ablation.json" \
   | tee "$out/ablation.txt" || rc=$?
 exit $rc
