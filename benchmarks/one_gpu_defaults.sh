@@ -16,7 +16,8 @@
 #      the memory plan's decision, the sync and the peaks (OUT/instruct_1p5b/, OUT/instruct_1p5b.log).
 #      Random weights never earn a reward, so dynamic sampling would draw its every round: it is off
 #      (the step's batch and memory are the same); no evaluation, no checkpoint.
-#   3. benchmarks/bench_fp8.py on the 0.5B and 1.5B shapes (OUT/fp8/)
+#   3. benchmarks/bench_fp8.py on the 0.5B and 1.5B shapes (OUT/fp8/; vLLM's FP8 imports compressed-tensors,
+#      which needs loguru)
 #
 # Environment: GSM8K (train.jsonl and test.jsonl), PYTHON (python3), STEPS (8: W-big's steps), STEPS_1P5B
 # (60), PARTS (default "wbig instruct fp8"; wbig_share on request), SHARE (0.3).
