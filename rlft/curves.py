@@ -3,6 +3,7 @@ and the significance tests used to compare two evaluations.
 
     python -m rlft.curves runs/demo              # writes runs/demo/reward_curve.png, prints the summary
     python -m rlft.curves runs/a runs/b --out curves.png --json summary.json
+    python -m rlft.curves runs/a runs/b --minutes accuracy.png   # held-out accuracy against minutes of training
 
 Reads only what a run writes anyway (`steps.jsonl`, `eval/*/summary.json`), so it works on a live
 run, a finished one, or records copied off another machine.
@@ -49,6 +50,51 @@ def read_evals(run_dir: str | Path) -> list[tuple[int, dict]]:
         except (ValueError, json.JSONDecodeError):
             continue
     return sorted(out, key=lambda x: x[0])
+
+
+def accuracy_by_minutes(run_dir: str | Path) -> list[dict]:
+    """Held-out accuracy against minutes of training: for every evaluation of the run, its step, the
+    minutes of the steps up to it (each step's `time/step` without its own evaluation's `time/eval`)
+    and its accuracy (strict; `accuracy_lenient` too where the summary has it)."""
+    steps = read_steps(run_dir)
+    minutes, spent = {}, 0.0
+    for rec in steps:
+        spent += float(rec.get("time/step", 0.0)) - float(rec.get("time/eval", 0.0))
+        minutes[rec["step"]] = spent / 60
+    points = []
+    for step, summary in read_evals(run_dir):
+        point = {"step": step, "minutes": round(minutes.get(step, 0.0), 2), "accuracy": summary.get("accuracy")}
+        if summary.get("accuracy_lenient") is not None:
+            point["accuracy_lenient"] = summary["accuracy_lenient"]
+        points.append(point)
+    return points
+
+
+def plot_accuracy_vs_minutes(runs: dict[str, str | Path], out_png: str | Path, *, title: str | None = None) -> Path:
+    """One panel: each run's held-out accuracy (markers joined) against its minutes of training."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for i, (name, run) in enumerate(runs.items()):
+        points = accuracy_by_minutes(run)
+        if points:
+            ax.plot([p["minutes"] for p in points], [100 * p["accuracy"] for p in points], "o-", color=f"C{i}",
+                    label=name)
+    ax.set_xlabel("minutes of training (evaluations left out)")
+    ax.set_ylabel("held-out accuracy, %")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
@@ -191,11 +237,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="PNG path (default: RUN/reward_curve.png for a single run)")
     p.add_argument("--json", help="also write the summaries here")
     p.add_argument("--title")
+    p.add_argument("--minutes", metavar="PNG", help="draw held-out accuracy against minutes of training here "
+                   "(each run's evaluations), and print the points")
     args = p.parse_args(argv)
     missing = [r for r in args.runs if not (Path(r) / "steps.jsonl").is_file()]
     if missing:
         print(f"rlft.curves: no steps.jsonl in {', '.join(missing)}")
         return 2
+    if args.minutes:
+        for r in args.runs:
+            points = ", ".join(f"{p['minutes']:g} min {100 * p['accuracy']:.1f} %" for p in accuracy_by_minutes(r))
+            print(f"{r}: {points or 'no evaluation'}")
+        print(f"accuracy against minutes: {plot_accuracy_vs_minutes({str(r): r for r in args.runs}, args.minutes, title=args.title)}")
+        if not args.out:
+            return 0
     out = args.out or (str(Path(args.runs[0]) / "reward_curve.png") if len(args.runs) == 1 else None)
     if out is None:
         p.error("--out is needed with several runs")

@@ -2,8 +2,8 @@
 import json
 import math
 
-from rlft.curves import (main, mcnemar_exact_p, moving_average, plot_runs, read_evals, read_steps, summarize,
-                         two_proportion_p)
+from rlft.curves import (accuracy_by_minutes, main, mcnemar_exact_p, moving_average, plot_runs, read_evals, read_steps,
+                         summarize, two_proportion_p)
 
 
 def write_run(path, rewards, evals):
@@ -70,3 +70,26 @@ def test_a_shaped_reward_also_reports_the_right_answers_alone(tmp_path):
     # Unshaped runs (answer == reward, as in write_run's records without reward/answer) say nothing more.
     plain = write_run(tmp_path / "plain", [0.0, 1.0, 1.0], [])
     assert "answer_first" not in summarize(read_steps(plain), [])
+
+
+def test_accuracy_against_minutes_leaves_the_evaluations_out(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    # Step 0 is an evaluation only (20 s); steps 1-3 take 60, 90 and 120 s, step 2's own evaluation 30 of them.
+    records = [{"step": 0, "time/step": 20.0, "time/eval": 20.0}, {"step": 1, "time/step": 60.0},
+               {"step": 2, "time/step": 90.0, "time/eval": 30.0}, {"step": 3, "time/step": 120.0}]
+    (run / "steps.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    for step, acc, lenient in ((0, 0.25, 0.3), (2, 0.5, None), (3, 0.75, 0.8)):
+        d = run / "eval" / f"step_{step:06d}"
+        d.mkdir(parents=True)
+        summary = {"accuracy": acc, **({"accuracy_lenient": lenient} if lenient is not None else {})}
+        (d / "summary.json").write_text(json.dumps(summary))
+    assert accuracy_by_minutes(run) == [
+        {"step": 0, "minutes": 0.0, "accuracy": 0.25, "accuracy_lenient": 0.3},
+        {"step": 2, "minutes": 2.0, "accuracy": 0.5},  # (60 + 90 - 30) s
+        {"step": 3, "minutes": 4.0, "accuracy": 0.75, "accuracy_lenient": 0.8},  # + 120 s
+    ]
+    png = tmp_path / "acc.png"
+    assert main([str(run), "--minutes", str(png)]) == 0
+    assert png.stat().st_size > 1000
+    assert "0 min 25.0 %, 2 min 50.0 %, 4 min 75.0 %" in capsys.readouterr().out
