@@ -83,6 +83,21 @@ def test_a_profiled_step_is_not_measured(steps_file):
     assert s["train_s"] == 10.0  # median of 8 and 12
 
 
+def test_the_raw_engine_baselines_generation_leaves_rlfts_figures(steps_file):
+    """With sampling.vllm.raw_engine_baseline the sample phase also ran vLLM's own generate, timed as
+    time/sample_raw_engine: rlft's step, sample and rollout figures leave it out."""
+    rows = metrics.read_steps(steps_file)
+    for row, raw in zip(rows, (30.0, 3.0, 1.0, 1.0)):
+        row["time/sample"] += raw
+        row["time/step"] += raw
+        row["time/sample_raw_engine"] = raw
+    s = metrics.summarise_steps(rows, params=1_000_000_000, num_layers=10, hidden_size=1000,
+                                weight_bytes=2_000_000_000, sequences_per_step=10, peak_flops=1e12)
+    # the same figures as without the baseline (test_summary_takes_medians_over_the_steps_after_the_first)
+    assert s["step_s"] == 16.0 and s["sample_s"] == 4.0 and s["rollout_tokens_per_s"] == 250.0
+    assert s["seconds"]["sample_raw_engine"] == 1.0  # median of 3, 1, 1
+
+
 def test_summary_of_one_step_uses_it_and_without_peak_has_no_mfu(tmp_path):
     rows = [step(1, sample=2.0, train=4.0, sync=1.0, step_s=8.0, response=100, total=400)]
     s = metrics.summarise_steps(rows, params=10, num_layers=1, hidden_size=1, weight_bytes=40,

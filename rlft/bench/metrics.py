@@ -5,8 +5,11 @@ compiles kernels, captures CUDA graphs and fills caches).  A run of a single ste
 that step and says so (``warmup_excluded: false``).  Per step:
 
     step seconds         time/step - time/eval (the trainer always evaluates after its last step;
-                         the benchmark turns the periodic evaluation off)
-    rollout tokens/s     tokens/response / time/sample          (generated tokens, padding excluded)
+                         the benchmark turns the periodic evaluation off) - time/sample_raw_engine
+    sample seconds       time/sample - time/sample_raw_engine   (with sampling.vllm.raw_engine_baseline
+                         the sample phase also ran vLLM's own generate, timed apart: rlft's figures
+                         leave it out, and seconds["sample_raw_engine"] is its median)
+    rollout tokens/s     tokens/response / sample seconds       (generated tokens, padding excluded)
     train tokens/s       tokens/total / time/train              (prompt + response tokens, padding excluded)
     train MFU            F * tokens/total / (time/train * peak FLOP/s), with
                            F = passes * 6 * N                    ("train_mfu": weights only)
@@ -38,8 +41,9 @@ PEAK_FLOPS: tuple[tuple[str, float], ...] = (
 )
 
 FORMULAS = {
-    "step_s": "median over steps after the first of (time/step - time/eval)",
-    "rollout_tokens_per_s": "median of tokens/response / time/sample",
+    "step_s": "median over steps after the first of (time/step - time/eval - time/sample_raw_engine)",
+    "sample_s": "median of time/sample - time/sample_raw_engine (the raw-engine baseline's generation, when on)",
+    "rollout_tokens_per_s": "median of tokens/response / (time/sample - time/sample_raw_engine)",
     "train_tokens_per_s": "median of tokens/total / time/train (prompt + response tokens, no padding)",
     "train_mfu": "median of passes * 6 * N * tokens/total / (time/train * peak_flops); attention FLOPs ignored",
     "train_mfu_with_attention": "median of passes * (6 * N + 12 * L * d * s) * tokens/total / (time/train * "
@@ -115,8 +119,13 @@ def summarise_steps(steps: list[dict], *, params: int, num_layers: int, hidden_s
     def per_step(fn) -> float | None:
         return _median_per_step(measured, fn)
 
-    step_s = per_step(lambda s: s["time/step"] - s.get("time/eval", 0.0))
-    rollout_tps = per_step(lambda s: s["tokens/response"] / s["time/sample"])
+    def raw(s: dict) -> float:  # the raw-engine baseline's generation inside the sample phase, if on
+        return s.get("time/sample_raw_engine", 0.0)
+
+    step_s = per_step(lambda s: s["time/step"] - s.get("time/eval", 0.0) - raw(s))
+    if any("time/sample_raw_engine" in s for s in measured):
+        seconds["sample"] = per_step(lambda s: s["time/sample"] - raw(s))
+    rollout_tps = per_step(lambda s: s["tokens/response"] / (s["time/sample"] - raw(s)))
     train_tps = per_step(lambda s: s["tokens/total"] / s["time/train"])
 
     def mfu(attention: bool):
