@@ -6,8 +6,8 @@ that step and says so (``warmup_excluded: false``).  Per step:
 
     step seconds         time/step - time/eval (the trainer always evaluates after its last step;
                          the benchmark turns the periodic evaluation off) - time/sample_raw_engine
-    sample seconds       time/sample - time/sample_raw_engine   (with sampling.vllm.raw_engine_baseline
-                         the sample phase also ran vLLM's own generate, timed apart: rlft's figures
+    sample seconds       time/sample - time/sample_raw_engine   (with the raw-engine baseline on, the
+                         sample phase also ran the engine's own generate, timed apart: rlft's figures
                          leave it out, and seconds["sample_raw_engine"] is its median)
     rollout tokens/s     tokens/response / sample seconds       (generated tokens, padding excluded)
     train tokens/s       tokens/total / time/train              (prompt + response tokens, padding excluded)
