@@ -52,6 +52,26 @@ def read_evals(run_dir: str | Path) -> list[tuple[int, dict]]:
     return sorted(out, key=lambda x: x[0])
 
 
+def _pyplot():
+    """matplotlib's pyplot, drawing to files only (no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, out_png: str | Path) -> Path:
+    """Write `fig` to `out_png` (its folder made) and close it."""
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    _pyplot().close(fig)
+    return out_png
+
+
 def accuracy_by_minutes(run_dir: str | Path) -> list[dict]:
     """Held-out accuracy against minutes of training: for every evaluation of the run, its step, the
     minutes of the steps up to it (each step's `time/step` without its own evaluation's `time/eval`)
@@ -72,11 +92,7 @@ def accuracy_by_minutes(run_dir: str | Path) -> list[dict]:
 
 def plot_accuracy_vs_minutes(runs: dict[str, str | Path], out_png: str | Path, *, title: str | None = None) -> Path:
     """One panel: each run's held-out accuracy (markers joined) against its minutes of training."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for i, (name, run) in enumerate(runs.items()):
         points = accuracy_by_minutes(run)
@@ -89,12 +105,7 @@ def plot_accuracy_vs_minutes(runs: dict[str, str | Path], out_png: str | Path, *
     ax.legend(fontsize=8)
     if title:
         ax.set_title(title)
-    fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png
+    return _save(fig, out_png)
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
@@ -183,11 +194,7 @@ def plot_runs(runs: list[str | Path], out_png: str | Path, *, title: str | None 
     """One panel of reward curves (raw and smoothed) per run, held-out accuracy as markers, and the mean
     response length on a second axis.  Each panel's title: `titles[i]`, else `title`, else the run's
     directory name."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, axes = plt.subplots(1, len(runs), figsize=(6.4 * len(runs), 5.0), squeeze=False)
     for i_run, (ax, run) in enumerate(zip(axes[0], runs)):
         steps, evals = read_steps(run), read_evals(run)
@@ -223,12 +230,7 @@ def plot_runs(runs: list[str | Path], out_png: str | Path, *, title: str | None 
         ax.set_title(titles[i_run] if titles else title or Path(run).name)
         # One legend for both axes, under the panel: inside it would hide some of the curves.
         ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=8)
-    fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png
+    return _save(fig, out_png)
 
 
 def main(argv: list[str] | None = None) -> int:
