@@ -134,6 +134,22 @@ def wandb_scalars(out) -> tuple[set[str], dict[str, list[tuple[int, float]]]]:
     return ids, found
 
 
+def settled_wandb_scalars(out, timeout_s: float = 20.0):
+    """`wandb_scalars` once W&B's writer (a service process of its own) has put the run on disk: the
+    same reading twice in a row, 0.5 s apart, or the last reading after `timeout_s`.  Under load the
+    file can still be short right after `run.finish()` returns."""
+    import time
+
+    last, deadline = wandb_scalars(out), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = wandb_scalars(out)
+        if now == last and now[1]:
+            break
+        last = now
+    return last
+
+
 def log_steps(out, trackers, steps, resume_step=0):
     from rlft.config.schema import ReportingConfig
 
@@ -151,11 +167,11 @@ def test_weights_and_biases_offline_gets_the_same_scalars_as_tensorboard(tmp_pat
     expected = {"loss": [(1, 1.0), (2, 0.5), (3, 0.25)], "reward/mean": [(1, 0.25), (2, 0.5), (3, 0.75)],
                 "tokens/total": [(1, 640), (2, 700), (3, 512)], "eval/accuracy": [(3, 0.4)]}
     assert tensorboard_scalars(tmp_path) == expected
-    ids, scalars = wandb_scalars(tmp_path)
+    ids, scalars = settled_wandb_scalars(tmp_path)
     assert scalars == expected and len(ids) == 1
     # A run continued from step 2's checkpoint goes on with the same W&B run.
     log_steps(tmp_path, ["tensorboard", "wandb"], [3], resume_step=2)
-    assert wandb_scalars(tmp_path)[0] == ids
+    assert settled_wandb_scalars(tmp_path)[0] == ids
     assert tensorboard_scalars(tmp_path)["loss"] == [(1, 1.0), (2, 0.5), (3, 0.25)]
 
 
