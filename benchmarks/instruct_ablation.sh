@@ -18,17 +18,22 @@
 # its decoder layers recompute their activations in the backward pass (MEMORY_ARGS, default
 # model.activation_checkpointing=true: at 0.5B the train phase's peak falls from ~32 GiB to ~12, so five
 # arms fit on one 141 GB GPU; it costs train time, equally in every arm, and changes no number).
-# Arms start one after another, each once the one before has finished a step (vLLM measures free memory
-# at start-up), and each trains for MINUTES of its own step time (schedule.time_limit_minutes), so the
-# arms that start later share the GPU with fewer others at their end: the minutes are equal, the
-# contention nearly so.  Each arm's last step is followed by its final evaluation (all of data.eval_size).
+# Arms start one after another, each once the one before has finished a step, and each trains for MINUTES
+# of its own step time (schedule.time_limit_minutes), so the arms that start later share the GPU with
+# fewer others at their end: the minutes are equal, the contention nearly so.  START_GAP=N starts the
+# arms after the first N seconds apart instead of a step apart (the first arm still finishes a step
+# first: it converts the model and fills vLLM's compile cache, which the others then read).  The engines'
+# KV caches are sized from the step (vLLM's kv_cache_memory_bytes), so an engine starting while another
+# arm allocates or frees memory is not mis-sized; with a fixed gpu_memory_utilization in SHARED_ARGS keep
+# the default.  Each arm's last step is followed by its final evaluation (all of data.eval_size).
 # OUT/<arm>/ is each run, OUT/<arm>.log its output, OUT/ablation.json and the printed table the summary
 # (benchmarks/ablation_summary.py; BEFORE=DIR adds each arm's change from the starting model's
 # evaluation in DIR, e.g. instruct_gsm8k.sh's OUT/before).
 #
 # Environment: MODEL, GSM8K, ARMS, MINUTES (12), STEPS (1000: the minutes end the run), CONFIG, PYTHON
-# (python3), MEMORY_ARGS (above), SHARED_ARGS (more key=value overrides for every arm; an arm's own win), NUM_GPUS (1; 0 on a machine without
-# one, for a smoke run), START_TIMEOUT (900 s: how long an arm may take to finish its first step).
+# (python3), MEMORY_ARGS (above), SHARED_ARGS (more key=value overrides for every arm; an arm's own win),
+# NUM_GPUS (1; 0 on a machine without one, for a smoke run), START_TIMEOUT (900 s: how long an arm may
+# take to finish its first step), START_GAP (unset: a step apart; above).
 set -uo pipefail
 out="$1"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -54,6 +59,7 @@ arm_args() {
     *) return 1 ;;
   esac
 }
+[[ "${START_GAP:-0}" =~ ^[0-9]+$ ]] || { echo "instruct_ablation.sh: START_GAP must be whole seconds, got '$START_GAP'" >&2; exit 2; }
 for spec in $ARMS; do
   arm_args "$spec" >/dev/null || { echo "instruct_ablation.sh: unknown arm $spec (shipped no_dynamic_sampling no_overlong no_eos_training difficulty, or NAME:KEY=VALUE,...)" >&2; exit 2; }
 done
@@ -69,6 +75,7 @@ for spec in $ARMS; do
     schedule.save_every=0 output.resume=never sampling.vllm.sleep_mode=true output.dir="$out/$arm" \
     ${MEMORY_ARGS-model.activation_checkpointing=true} ${SHARED_ARGS:-} $(arm_args "$spec") > "$out/$arm.log" 2>&1 &
   pids+=($!)
+  if [ -n "${START_GAP:-}" ] && [ "${#pids[@]}" -gt 1 ]; then sleep "$START_GAP"; continue; fi
   waited=0
   until [ -s "$out/$arm/steps.jsonl" ] || ! kill -0 "${pids[-1]}" 2>/dev/null; do
     sleep 5; waited=$(( waited + 5 ))
