@@ -1,4 +1,5 @@
 """Summarise `benchmarks/instruct_ablation.sh`'s arms: each arm's steps and training minutes, its
+median sample and weight-sync seconds (steps 2 on: the first step warms the engine up), its
 final held-out accuracy (strict and lenient), and McNemar's exact test against the first arm on the
 same questions (and, with --before, against the starting model's evaluation).
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -23,6 +25,9 @@ def arm_result(run: Path) -> dict:
     steps = [r for r in read_steps(run) if r.get("step", 0) >= 1] if (run / "steps.jsonl").is_file() else []
     evals = read_evals(run) if run.is_dir() else []
     out = {"steps": len(steps), "training_minutes": round(sum(r.get("time/step", 0.0) for r in steps) / 60, 2)}
+    for key in ("sample", "sync"):
+        seconds = [r[f"time/{key}"] for r in steps if r["step"] >= 2 and f"time/{key}" in r]
+        out[f"{key}_s"] = round(statistics.median(seconds), 3) if seconds else None
     if evals:
         step, last = evals[-1]
         out.update(eval_step=step, accuracy=last.get("accuracy"), accuracy_lenient=last.get("accuracy_lenient"),
@@ -48,13 +53,16 @@ def summarise(root: Path, arms: list[str], before: Path | None) -> dict:
 
 def table(summary: dict) -> str:
     base = summary["baseline"]
-    lines = [f"{'arm':<22} {'steps':>5} {'min':>6} {'strict':>8} {'lenient':>8}   vs {base}: gained/lost, p"
+    lines = [f"{'arm':<22} {'steps':>5} {'min':>6} {'sample s':>8} {'sync s':>7} {'strict':>8} {'lenient':>8}"
+             f"   vs {base}: gained/lost, p"
              + ("   vs start: gained/lost, p" if summary["before"] else "")]
     for arm, r in summary["arms"].items():
         pct = lambda v: f"{100 * v:7.2f}%" if isinstance(v, (int, float)) else f"{'-':>8}"  # noqa: E731
         pair = r.get("vs_" + base)
         vs = f"{pair['gained']}/{pair['lost']}, p={pair['p_value_mcnemar']:.2g}" if pair else ("(baseline)" if arm == base else "-")
-        line = f"{arm:<22} {r['steps']:>5} {r['training_minutes']:>6} {pct(r.get('accuracy'))} {pct(r.get('accuracy_lenient'))}   {vs}"
+        sec = lambda v, w: f"{v:{w}.3f}" if isinstance(v, (int, float)) else f"{'-':>{w}}"  # noqa: E731
+        line = (f"{arm:<22} {r['steps']:>5} {r['training_minutes']:>6} {sec(r.get('sample_s'), 8)} {sec(r.get('sync_s'), 7)} "
+                f"{pct(r.get('accuracy'))} {pct(r.get('accuracy_lenient'))}   {vs}")
         if summary["before"]:
             s = r.get("vs_start")
             line += f"   {s['gained']}/{s['lost']}, p={s['p_value_mcnemar']:.2g}" if s else "   -"
