@@ -269,6 +269,8 @@ def test_data_parallel_batch_split():
     (["grpo.cliprange=-0.1"], "grpo.cliprange: must be > 0, got -0.1"),
     (["grpo.loss_type=ppo"],
      "grpo.loss_type: unknown loss 'ppo' (valid: no_baseline, reinforce_with_baseline, grpo_clip, dapo, gspo)"),
+    (["topology.gpu_memory_fraction=0"], "topology.gpu_memory_fraction: must be in (0, 1] or null, got 0.0"),
+    (["topology.gpu_memory_fraction=1.2"], "topology.gpu_memory_fraction: must be in (0, 1] or null, got 1.2"),
     (["sampling.top_p=0"], "sampling.top_p: must be in (0, 1], got 0.0"),
     (["sampling.top_p=1.5"], "sampling.top_p: must be in (0, 1], got 1.5"),
     (["sampling.min_tokens=20", "sampling.max_tokens=10"],

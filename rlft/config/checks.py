@@ -375,6 +375,8 @@ def _check_batch_split(t: TopologyConfig, o: schema.OptimConfig) -> None:
     check_topology(t)
     _require(0 < t.collective_timeout_minutes < float("inf"),
              f"topology.collective_timeout_minutes: must be a finite number > 0, got {t.collective_timeout_minutes}")
+    _require(t.gpu_memory_fraction is None or 0 < t.gpu_memory_fraction <= 1,
+             f"topology.gpu_memory_fraction: must be in (0, 1] or null, got {t.gpu_memory_fraction}")
     dp = len(t.policy_ranks) // t.pipeline_stages
     per_replica = o.rollout_batch_size // dp if dp else 0
     _require(o.rollout_batch_size % dp == 0 and per_replica % o.train_micro_batch_size == 0,

@@ -298,6 +298,11 @@ class TopologyConfig:
     # Once training runs, the longest a rank waits on another (a collective, a silent heartbeat)
     # before the launch stops, naming the silent rank.  Start-up (loading models) is not bounded by it.
     collective_timeout_minutes: float = 10.0
+    # The share of its GPU each rank's own tensors may hold (torch.cuda.set_per_process_memory_fraction):
+    # past it the caching allocator gives back the blocks it keeps but does not use before it fails.
+    # null = the whole GPU.  For runs that share one GPU: without a cap, the first run's cache grows
+    # into what the others' engines need (a vLLM engine's memory is set apart, by the sampler's settings).
+    gpu_memory_fraction: float | None = None
 
     def world_size(self) -> int:
         """Ranks of one launch: every rank up to the highest one a role is placed on."""

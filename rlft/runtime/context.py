@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlft.common import resolve_dtype
+from rlft.common import log, resolve_dtype
 from rlft.config import ConfigError, RunConfig
 from rlft.runtime.bridge import Bridge
 from rlft.config.topology import RankRoles
@@ -137,6 +137,12 @@ def choose_device(cfg: RunConfig) -> torch.device:
         raise ConfigError("device: cuda requested but no GPU is visible")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
+    fraction = cfg.topology.gpu_memory_fraction
+    if fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(fraction, local)
+        total = torch.cuda.get_device_properties(local).total_memory / 2**30
+        log.info("topology.gpu_memory_fraction: this rank's tensors may hold %.1f of the GPU's %.1f GiB",
+                 fraction * total, total)
     return torch.device("cuda", local)
 
 
