@@ -13,19 +13,26 @@
 #   difficulty           data.sampler=difficulty (prompts always or never solved rested) instead of uniform
 #   NAME:KEY=VALUE,...   an arm of your own, e.g. lr8e-6:optim.lr=8e-6 or short:sampling.max_tokens=384
 #
-# Side by side on one GPU every arm's engine sleeps while its policy trains (sampling.vllm.sleep_mode=true:
-# the memory plan's "awake" decision assumes a GPU of its own), its KV cache is sized from the step, and
-# its decoder layers recompute their activations in the backward pass (MEMORY_ARGS, default
-# model.activation_checkpointing=true: at 0.5B the train phase's peak falls from ~32 GiB to ~12, so five
-# arms fit on one 141 GB GPU; it costs train time, equally in every arm, and changes no number).
-# Arms start one after another, each once the one before has finished a step, and each trains for MINUTES
-# of its own step time (schedule.time_limit_minutes), so the arms that start later share the GPU with
-# fewer others at their end: the minutes are equal, the contention nearly so.  START_GAP=N starts the
-# arms after the first N seconds apart instead of a step apart (the first arm still finishes a step
-# first: it converts the model and fills vLLM's compile cache, which the others then read).  The engines'
-# KV caches are sized from the step (vLLM's kv_cache_memory_bytes), so an engine starting while another
-# arm allocates or frees memory is not mis-sized; with a fixed gpu_memory_utilization in SHARED_ARGS keep
-# the default.  Each arm's last step is followed by its final evaluation (all of data.eval_size).
+# Side by side on one GPU, every arm's engine stays awake and every arm's own tensors are capped at a
+# share of the GPU (ARM_FRACTION, topology.gpu_memory_fraction; default 0.9 / number of arms - 0.045,
+# the 0.045 about what an awake engine of a 0.5B model holds at the recipe's step).  Not yet run so on a
+# GPU: both were learnt on an H200
+# (benchmarks/results/h200_2026-12-03_trl_ablation/): with sleeping engines and no cap, the first arm's
+# caching allocator grew to 92 GiB while its engine slept, three arms then failed at start for want of
+# memory, and a fourth stopped when vLLM found, after putting its engine to sleep, less free memory on the
+# GPU than before (another arm had allocated meanwhile), a check vLLM makes against the whole GPU.
+# To fit five arms, MEMORY_ARGS (default model.activation_checkpointing=true optim.divergence_factor=0
+# optim.train_micro_batch_size=8) recomputes the decoder layers' activations in the backward pass, drops
+# the update guard's copy of the optimizer state (5.5 GiB at 0.5B; it acts only on a diverging update)
+# and halves the micro-batch: each costs train time, equally in every arm, and none changes a number.
+# (With the guard and micro-batches of 16 the recipe's train phase peaked at 23.6 GiB at 0.5B.)
+# The first arm finishes a step before the next starts (it converts the model and fills vLLM's compile
+# cache, which the others then read); the others start START_GAP (20) seconds apart, or each once the one
+# before has finished a step with START_GAP=step.  Each trains for MINUTES of its own step time
+# (schedule.time_limit_minutes), so arms that start later share the GPU with fewer others at their end:
+# the minutes are equal, the contention nearly so.  The engines' KV caches are sized from the step (vLLM's
+# kv_cache_memory_bytes), so an engine starting while another arm allocates is not mis-sized.  Each arm's
+# last step is followed by its final evaluation (all of data.eval_size).
 # OUT/<arm>/ is each run, OUT/<arm>.log its output, OUT/ablation.json and the printed table the summary
 # (benchmarks/ablation_summary.py; BEFORE=DIR adds each arm's change from the starting model's
 # evaluation in DIR, e.g. instruct_gsm8k.sh's OUT/before).
@@ -33,7 +40,7 @@
 # Environment: MODEL, GSM8K, ARMS, MINUTES (12), STEPS (1000: the minutes end the run), CONFIG, PYTHON
 # (python3), MEMORY_ARGS (above), SHARED_ARGS (more key=value overrides for every arm; an arm's own win),
 # NUM_GPUS (1; 0 on a machine without one, for a smoke run), START_TIMEOUT (900 s: how long an arm may
-# take to finish its first step), START_GAP (unset: a step apart; above).
+# take to finish its first step), START_GAP (20, or step), ARM_FRACTION (above).
 set -uo pipefail
 out="$1"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -59,7 +66,12 @@ arm_args() {
     *) return 1 ;;
   esac
 }
-[[ "${START_GAP:-0}" =~ ^[0-9]+$ ]] || { echo "instruct_ablation.sh: START_GAP must be whole seconds, got '$START_GAP'" >&2; exit 2; }
+START_GAP="${START_GAP:-20}"
+[[ "$START_GAP" =~ ^([0-9]+|step)$ ]] || { echo "instruct_ablation.sh: START_GAP must be whole seconds or step, got '$START_GAP'" >&2; exit 2; }
+n_arms=$(echo $ARMS | wc -w)
+ARM_FRACTION="${ARM_FRACTION:-$("$PYTHON" -c "print(round(0.9 / $n_arms - 0.045, 3))")}"
+"$PYTHON" -c "import sys; f = float(sys.argv[1]); sys.exit(0 if 0 < f <= 1 else 1)" "$ARM_FRACTION" 2>/dev/null \
+  || { echo "instruct_ablation.sh: ARM_FRACTION must be in (0, 1], got '$ARM_FRACTION' ($n_arms arms: fewer arms, or set it)" >&2; exit 2; }
 for spec in $ARMS; do
   arm_args "$spec" >/dev/null || { echo "instruct_ablation.sh: unknown arm $spec (shipped no_dynamic_sampling no_overlong no_eos_training difficulty, or NAME:KEY=VALUE,...)" >&2; exit 2; }
 done
@@ -67,15 +79,16 @@ pids=()
 names=()
 for spec in $ARMS; do
   arm="${spec%%:*}"; names+=("$arm")
-  say "$arm: start ($(arm_args "$spec"))"
+  say "$arm: start ($(arm_args "$spec"); tensors capped at $ARM_FRACTION of the GPU)"
   # shellcheck disable=SC2046  # the overrides are words
   "$PYTHON" -m deepspeed.launcher.runner --master_port "$(free_port)" --num_gpus "${NUM_GPUS:-1}" --module rlft.train_grpo \
     --config "$CONFIG" model.path="$MODEL" data.source="$GSM8K" schedule.steps="${STEPS:-1000}" \
     schedule.time_limit_minutes="${MINUTES:-12}" schedule.evaluate_at_start=false schedule.evaluate_freq=0 \
-    schedule.save_every=0 output.resume=never sampling.vllm.sleep_mode=true output.dir="$out/$arm" \
-    ${MEMORY_ARGS-model.activation_checkpointing=true} ${SHARED_ARGS:-} $(arm_args "$spec") > "$out/$arm.log" 2>&1 &
+    schedule.save_every=0 output.resume=never sampling.vllm.sleep_mode=false topology.gpu_memory_fraction="$ARM_FRACTION" \
+    output.dir="$out/$arm" ${MEMORY_ARGS-model.activation_checkpointing=true optim.divergence_factor=0 optim.train_micro_batch_size=8} \
+    ${SHARED_ARGS:-} $(arm_args "$spec") > "$out/$arm.log" 2>&1 &
   pids+=($!)
-  if [ -n "${START_GAP:-}" ] && [ "${#pids[@]}" -gt 1 ]; then sleep "$START_GAP"; continue; fi
+  if [ "$START_GAP" != step ] && [ "${#pids[@]}" -gt 1 ]; then sleep "$START_GAP"; continue; fi
   waited=0
   until [ -s "$out/$arm/steps.jsonl" ] || ! kill -0 "${pids[-1]}" 2>/dev/null; do
     sleep 5; waited=$(( waited + 5 ))
