@@ -369,6 +369,29 @@ def test_waking_empties_the_trainers_cache_only_when_the_gpu_is_short(monkeypatc
     assert calls.count("wake_up") == 1
 
 
+def test_vllms_failed_sleep_check_is_one_line_saying_why(monkeypatch):
+    """On a GPU another process shares, vLLM's sleep fails its own check that the GPU's free memory grew
+    (an H200 ablation stopped so): the run's error names the cause and the setting, other errors pass."""
+    import rlft.engines.vllm_engine as ve
+
+    monkeypatch.setattr(ve, "_free_gpu_bytes", lambda: 1 << 30)
+
+    def failing(message):
+        def sleep(level):
+            raise Exception(message)
+        return SimpleNamespace(sleep=sleep)
+
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine.enable_sleep_mode, engine._asleep = True, False
+    engine.llm = failing("Call to sleep method failed: Memory usage increased after sleeping.")
+    with pytest.raises(RuntimeError, match="another process allocated on it meanwhile") as err:
+        engine.sleep(level=2)
+    assert "sampling.vllm.sleep_mode: false" in str(err.value) and not engine._asleep
+    engine.llm = failing("something else")
+    with pytest.raises(Exception, match="^something else$"):
+        engine.sleep(level=2)
+
+
 @requires_vllm
 def test_auto_backend_checks_cpu_model_support(model_dir, tokenizer, tmp_path):
     from rlft.engines.vllm_backend import VLLM

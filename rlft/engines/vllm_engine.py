@@ -304,7 +304,13 @@ class VLLMEngine(RolloutEngine):
             logger.info("vLLM engine was built without sleep mode; sleep() is a no-op")
             return
         before = _free_gpu_bytes()
-        self.llm.sleep(level=level)
+        try:
+            self.llm.sleep(level=level)
+        except Exception as err:  # vLLM's own check of the GPU's free memory, as one line saying why
+            explained = explain_sleep_failure(err)
+            if explained is None:
+                raise
+            raise RuntimeError(explained) from err
         after = _free_gpu_bytes()
         # What waking takes back (the weights and the KV cache the engine just gave up).
         self._wake_bytes = None if before is None or after is None else max(0, after - before)
@@ -347,6 +353,16 @@ class VLLMEngine(RolloutEngine):
             if engine_core is not None and hasattr(engine_core, "shutdown"):
                 engine_core.shutdown()
             self.llm = None
+
+
+def explain_sleep_failure(err: BaseException) -> str | None:
+    """What vLLM's failed ``sleep`` means, where it is its check that the GPU's free memory grew (it
+    reads the whole GPU, so another process that allocates meanwhile fails it); None otherwise."""
+    if "Memory usage increased after sleeping" not in str(err):
+        return None
+    return ("vLLM could not put the engine to sleep: the GPU had less free memory afterwards than before, "
+            "so another process allocated on it meanwhile, and vLLM's sleep mode needs the GPU to itself; "
+            "where runs share a GPU set sampling.vllm.sleep_mode: false (and topology.gpu_memory_fraction)")
 
 
 # Free memory kept beyond what a sleeping engine takes back when it wakes, before the trainer's
