@@ -7,7 +7,9 @@ import torch
 
 from rlft.config import load_config
 from rlft.runtime.context import RankContext
-from rlft.runtime.memory_plan import AWAKE_MARGIN, awake_spare_gib, note_sleep_mode, shared_gpu_plan, sleep_mode_hint
+from rlft.config import ConfigError
+from rlft.runtime.memory_plan import (AWAKE_MARGIN, awake_spare_gib, note_sleep_mode, refuse_if_short, shared_gpu_plan,
+                                      sleep_mode_hint)
 
 GIB = 2**30
 CONFIGS = Path(__file__).resolve().parents[1] / "launch" / "configs"
@@ -39,6 +41,24 @@ def test_awake_fit_counts_the_engine_headroom_and_a_margin_on_the_train_peak():
     edge = (140 - 42 - 7) / 1.25
     assert sleep_mode_hint(h200, edge, wake_s=0.1, sleep_setting="x") is None
     assert sleep_mode_hint(h200, edge - 0.1, wake_s=0.1, sleep_setting="x")
+
+
+def test_a_cap_below_what_the_policy_holds_alone_is_refused_at_start():
+    # The 1.5B shape without the update guard: 20 bytes a parameter (bf16 weights and gradients, fp32
+    # master weights, gradients and Adam's two moments), 28.8 GiB; a cap of 0.2 of 140 GiB cannot hold them.
+    def cfg_with(fraction):
+        return load_config(None, ["sampling.backend=vllm", "sampling.vllm.gpu_memory_utilization=0.3",
+                                  "optim.divergence_factor=0", f"topology.gpu_memory_fraction={fraction}"])
+
+    plan = plan_for(140)
+    assert plan["policy"] == pytest.approx(1_543_714_304 * 20 / GIB)
+    with pytest.raises(ConfigError) as err:
+        refuse_if_short(plan, cfg_with(0.2))
+    assert str(err.value) == ("topology.gpu_memory_fraction: 0.2 lets this rank's tensors hold 28.0 of the GPU's "
+                              "140 GiB, less than the policy's weights, gradients and optimizer 28.8 GiB + reference "
+                              "0.0 GiB alone; raise it to more than 0.205")
+    refuse_if_short(plan, cfg_with(0.21))  # 29.4 GiB: room for the states (activations are the run's to find)
+    refuse_if_short(plan, load_config(None, ["sampling.backend=vllm"]))  # no cap
 
 
 def test_the_hint_is_given_once_after_the_launch_s_second_step_and_only_with_sleep_mode(caplog):

@@ -258,7 +258,8 @@ def awake_fix(cfg: RunConfig) -> str:
 
 def refuse_if_short(plan: dict[str, float], cfg: RunConfig) -> None:
     """ConfigError naming each part's GiB and the setting of the engine's share (its record's
-    `gpu_share_setting`) when `plan` (from :func:`shared_gpu_plan`) cannot fit."""
+    `gpu_share_setting`) when `plan` (from :func:`shared_gpu_plan`) cannot fit, or when
+    `topology.gpu_memory_fraction` caps this rank below what the policy and the reference hold alone."""
     backend = backend_record(cfg)
     if plan["free"] < 0:
         setting = backend.gpu_share_setting
@@ -268,3 +269,11 @@ def refuse_if_short(plan: dict[str, float], cfg: RunConfig) -> None:
             f"{plan['policy']:.0f} GiB + reference {plan['reference']:.0f} GiB + headroom {plan['headroom']:.0f} GiB; "
             f"lower {setting.rpartition('.')[2]} to at most "
             f"{max(0.0, (plan['engine'] + plan['free']) / plan['total']):.2f}, or put the sampler on another GPU")
+    fraction = cfg.topology.gpu_memory_fraction
+    held = plan["policy"] + plan["reference"]
+    if fraction is not None and held > fraction * plan["total"]:
+        raise ConfigError(
+            f"topology.gpu_memory_fraction: {fraction} lets this rank's tensors hold {fraction * plan['total']:.1f} "
+            f"of the GPU's {plan['total']:.0f} GiB, less than the policy's weights, gradients and optimizer "
+            f"{plan['policy']:.1f} GiB + reference {plan['reference']:.1f} GiB alone; raise it to more than "
+            f"{held / plan['total']:.3f}")
