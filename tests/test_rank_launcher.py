@@ -194,3 +194,27 @@ def test_out_of_memory_names_the_phase_and_what_frees_memory_on_that_rank():
     ctx = RankContext(cfg=hf, roles=roles_for_rank(hf.topology, 0), bridge=None, device=torch.device("cpu"))
     line = out_of_memory_message(ctx, error)
     assert "sampling.vllm" not in line and "a lower optim.train_micro_batch_size" in line
+    assert "gpu_memory_fraction" not in line
+
+
+def test_out_of_memory_under_a_memory_cap_names_the_cap_first():
+    """A rank capped by topology.gpu_memory_fraction that reaches its cap while the GPU has plenty free
+    (torch names the cap last, after every process's share) is told first to raise the cap."""
+    import torch
+
+    from rlft.config.topology import roles_for_rank
+    from rlft.runtime.context import RankContext
+    from rlft.runtime.rank import out_of_memory_message
+
+    # torch's account of a capped rank on a shared H200, as one arm of a side-by-side run got it
+    error = torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 3.18 GiB. GPU 0 has a total capacity of 139.80 GiB of which "
+        "118.72 GiB is free. Including non-PyTorch memory, this process has 14.36 GiB memory in use. Process 1415 "
+        "has 6.71 GiB memory in use. 15.38 GiB allowed; Of the allocated memory 12.9 GiB is allocated by PyTorch")
+    cfg = load_config(REPO / "launch/configs/grpo_1gpu.yaml",
+                      ["sampling.backend=vllm", "sampling.vllm.sleep_mode=false", "topology.gpu_memory_fraction=0.11"])
+    ctx = RankContext(cfg=cfg, roles=roles_for_rank(cfg.topology, 0), bridge=None, device=torch.device("cpu"))
+    ctx.failed_phase = "train"
+    line = out_of_memory_message(ctx, error)
+    assert ("; what frees memory here: a higher topology.gpu_memory_fraction (now 0.11: this rank's tensors may hold "
+            "that share of the GPU and no more), sampling.vllm.sleep_mode: true") in line, line

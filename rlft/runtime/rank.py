@@ -106,11 +106,16 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
 
 def out_of_memory_message(ctx: RankContext, error: BaseException) -> str:
     """An out-of-memory failure in one line: the phase it stopped, torch's own account (how much it
-    tried to allocate, what was free), and what in this run's config frees memory on this rank."""
+    tried to allocate, what was free), and what in this run's config frees memory on this rank, the
+    cap of `topology.gpu_memory_fraction` first where one is set (torch's account of a rank at its
+    cap names the GPU's free memory, often plenty, and puts the cap last, past what the line keeps)."""
     cfg, roles = ctx.cfg, ctx.roles
     account = " ".join(str(error).split())
     account = account.split(" Of the allocated memory")[0][:400].rstrip(".")  # torch's fragmentation advice follows
     fixes = []
+    if cfg.topology.gpu_memory_fraction is not None:  # the cap, not the GPU, may be what ran out
+        fixes.append(f"a higher topology.gpu_memory_fraction (now {cfg.topology.gpu_memory_fraction}: this rank's "
+                     f"tensors may hold that share of the GPU and no more)")
     if roles.policy and (roles.sampler or roles.evaluator):  # an engine beside the policy: what its record advises
         fixes += engine_memory_advice(cfg)
     if roles.policy:
