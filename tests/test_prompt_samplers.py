@@ -154,6 +154,32 @@ def test_the_difficulty_order_through_the_prompt_source():
     assert not rested & set(later[5:]), later
 
 
+def test_a_difficulty_order_says_when_prompts_come_round(caplog):
+    """The difficulty order acts from its second pass over the prompts: the log says after how many
+    steps, and warns when schedule.steps cannot get there even with every round of dynamic sampling."""
+    import logging
+
+    from rlft.roles.prompt_source import note_second_pass
+
+    caplog.set_level(logging.INFO, logger="rlft")
+    cfg = load_config(TINY, [f"data.source={GSM8K}", "data.train_size=10", "data.sampler=difficulty",
+                             "schedule.steps=3"])
+    PromptSource(cfg, None, 5)  # 2 batches a pass, 3 steps: it comes round
+    assert "the first pass draws the 10 training prompts once each; prompts rest from the second pass, after 2 steps" \
+        in caplog.text and "WARNING" not in caplog.text
+    # GSM8K's 7473 training prompts at 32 a step: 233 steps a pass, at least 59 with 4 rounds of dynamic sampling.
+    many = load_config(TINY, [f"data.source={GSM8K}", "data.sampler=difficulty", "schedule.steps=58",
+                              "grpo.dynamic_sampling=true", "grpo.max_sampling_rounds=4"])
+    caplog.clear()
+    assert note_second_pass(many, 7473, 32)
+    assert ("schedule.steps (58) draws at most 7424 prompts (32 a step x 4 rounds): no prompt comes round, so the "
+            "order is the uniform one in effect") in caplog.text
+    caplog.clear()
+    assert not note_second_pass(load_config(TINY, [f"data.source={GSM8K}", "data.sampler=difficulty", "schedule.steps=59",
+                                                   "grpo.dynamic_sampling=true"]), 7473, 32)
+    assert "after 233 steps (59 if every step takes all 4 rounds of dynamic sampling)" in caplog.text
+
+
 def test_the_sampler_settings_are_checked():
     base = [f"data.source={GSM8K}"]
     for overrides, message in [

@@ -3,6 +3,7 @@ each step draws `optim.rollout_batch_size / grpo.group_size` of them (`data.samp
 rlft/data/prompt_samplers.py)."""
 from __future__ import annotations
 
+from rlft.common import log
 from rlft.config import ConfigError, RunConfig
 from rlft.data import Example
 from rlft.data.prompt_samplers import PROMPT_SAMPLERS, pass_rates
@@ -33,6 +34,8 @@ class PromptSource:
         self.choice = PROMPT_SAMPLERS[d.sampler]
         self.order = self.choice.build(len(self.examples), prompts_per_step, cfg.seed, d)
         self._position = {ex.index: p for p, ex in enumerate(self.examples)}
+        if self.choice.learns_from_rewards:
+            note_second_pass(cfg, len(self.examples), prompts_per_step)
 
     def longest_prompt(self, tokenizer, cfg: RunConfig, chunk_size: int = 1024) -> int:
         """The most tokens any training prompt has, as the engine receives it."""
@@ -69,3 +72,26 @@ class PromptSource:
 
     def load_state_dict(self, state: dict) -> None:
         self.order.load_state_dict(state)
+
+
+def note_second_pass(cfg: RunConfig, num_examples: int, per_step: int) -> bool:
+    """An order that learns from rewards (data.sampler: difficulty) rests prompts from its second pass
+    over the training prompts: the first draws each once, in a seeded order as the uniform one does.
+    One line at start says when that pass begins; a warning where the run's schedule.steps cannot
+    reach it even with every round of dynamic sampling drawing a full batch (the order is then
+    uniform's in effect).  True when it warned."""
+    g = cfg.grpo
+    rounds = g.max_sampling_rounds if g.dynamic_sampling else 1
+    first_pass = max(1, num_examples // per_step)  # batches in an epoch (they never span two)
+    fewest = -(-first_pass // rounds)  # steps before the second pass at the most draws a step
+    extra = f" ({fewest} if every step takes all {rounds} rounds of dynamic sampling)" if rounds > 1 else ""
+    if cfg.schedule.steps < fewest:
+        log.warning("data.sampler: %s rests prompts from its second pass over the %d training prompts, but this "
+                    "run's schedule.steps (%d) draws at most %d prompts (%d a step%s): no prompt comes round, so the "
+                    "order is the uniform one in effect; lower data.train_size or raise schedule.steps for it to act",
+                    cfg.data.sampler, num_examples, cfg.schedule.steps, cfg.schedule.steps * per_step * rounds,
+                    per_step, f" x {rounds} rounds" if rounds > 1 else "")
+        return True
+    log.info("data.sampler: %s: the first pass draws the %d training prompts once each; prompts rest from the "
+             "second pass, after %d steps%s", cfg.data.sampler, num_examples, first_pass, extra)
+    return False
