@@ -5,8 +5,9 @@ same questions (and, with --before, against the starting model's evaluation).
 
     python benchmarks/ablation_summary.py OUT --arms shipped no_overlong ... [--before DIR] [--json PATH]
 
-OUT/<arm>/ are the runs; the first arm named is the baseline.  An arm without an evaluation (it
-failed) is listed with what it has.
+OUT/<arm>/ are the runs; the first arm named is the baseline.  An arm named NAME=DIR is the run in
+DIR (relative to OUT, or absolute): an arm run again on its own, e.g. difficulty=../again/difficulty.
+An arm without an evaluation (it failed) is listed with what it has.
 """
 from __future__ import annotations
 
@@ -36,12 +37,17 @@ def arm_result(run: Path) -> dict:
     return out
 
 
+def arm_dirs(root: Path, arms: list[str]) -> dict[str, Path]:
+    """Arm name -> its run: OUT/NAME, or DIR for NAME=DIR (relative to OUT, or absolute)."""
+    return {arm.partition("=")[0]: root / (arm.partition("=")[2] or arm) for arm in arms}
+
+
 def summarise(root: Path, arms: list[str], before: Path | None) -> dict:
-    results = {arm: arm_result(root / arm) for arm in arms}
+    results = {arm: arm_result(run) for arm, run in arm_dirs(root, arms).items()}
     outcomes = {arm: question_outcomes(r["outcomes_dir"]) if "outcomes_dir" in r else None
                 for arm, r in results.items()}
     start = question_outcomes(before) if before is not None else None
-    base = arms[0]
+    base = next(iter(results))
     for arm, r in results.items():
         if outcomes[arm] and outcomes[base] and arm != base:
             r["vs_" + base] = paired_change(outcomes[base], outcomes[arm])  # gained: right here, wrong there
@@ -73,7 +79,7 @@ def table(summary: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("root", help="instruct_ablation.sh's OUT")
-    p.add_argument("--arms", nargs="+", required=True, help="arm names; the first is the baseline")
+    p.add_argument("--arms", nargs="+", required=True, help="arm names (or NAME=DIR); the first is the baseline")
     p.add_argument("--before", help="an evaluation directory of the starting model (results.jsonl)")
     p.add_argument("--json", help="write the summary here")
     args = p.parse_args(argv)

@@ -34,8 +34,9 @@ def test_arms_against_the_first_and_the_start(tmp_path, capsys):
     (before / "per_question.jsonl").write_text("\n".join(json.dumps({"index": i, "answer_reward": float(i < 2)})
                                                          for i in range(10)))
     out = tmp_path / "ablation.json"
+    write_arm(tmp_path / "again" / "difficulty", [40.0, 20.0], {2: {0, 1, 2, 3, 4, 5}})  # run again on its own
     code = ablation_summary.main([str(tmp_path), "--arms", "shipped", "no_overlong", "difficulty",
-                                  "--before", str(before), "--json", str(out)])
+                                  "difficulty_again=again/difficulty", "--before", str(before), "--json", str(out)])
     assert code == 1  # an arm has no evaluation
     s = json.loads(out.read_text())
     shipped, arm, failed = (s["arms"][k] for k in ("shipped", "no_overlong", "difficulty"))
@@ -53,5 +54,7 @@ def test_arms_against_the_first_and_the_start(tmp_path, capsys):
     assert "vs_shipped" not in shipped
     assert failed == {"steps": 0, "training_minutes": 0.0, "sample_s": None, "sync_s": None}
     table = capsys.readouterr().out
+    again = s["arms"]["difficulty_again"]  # NAME=DIR: the run in DIR, under its own name
+    assert (again["steps"], again["accuracy"], again["vs_shipped"]["gained"], again["vs_shipped"]["lost"]) == (2, 0.6, 1, 0)
     assert "(baseline)" in table and "5/4, p=1" in table and "3/0, p=0.25" in table
     assert "20.000   0.600" in table
