@@ -10,22 +10,31 @@
 #   no_dynamic_sampling  grpo.dynamic_sampling=false (groups of equal rewards are trained on, at zero advantage)
 #   no_overlong          grpo.overlong=none (no penalty for answers that run into the last tokens)
 #   no_eos_training      grpo.train_on_eos=false (the end-of-turn token gets no gradient: the original's mask)
-#   difficulty           data.sampler=difficulty (prompts always or never solved rested) instead of uniform
+#   difficulty           data.sampler=difficulty (prompts always or never solved rested) instead of uniform;
+#                        it acts from its second pass over the prompts (after 233 steps on GSM8K's 7473 at 32 a
+#                        step, 59 at the least with dynamic sampling's rounds), so in a run of minutes it is the
+#                        uniform order in effect: give both arms a smaller pool to see it act, e.g.
+#                        ARMS="uniform512:data.train_size=512 difficulty512:data.sampler=difficulty,data.train_size=512"
 #   NAME:KEY=VALUE,...   an arm of your own, e.g. lr8e-6:optim.lr=8e-6 or short:sampling.max_tokens=384
 #
 # Side by side on one GPU, every arm's engine stays awake and every arm's own tensors are capped at a
 # share of the GPU (ARM_FRACTION, topology.gpu_memory_fraction; default 0.9 / number of arms - 0.045,
-# the 0.045 about what an awake engine of a 0.5B model holds at the recipe's step).  Not yet run so on a
-# GPU: both were learnt on an H200
-# (benchmarks/results/h200_2026-12-03_trl_ablation/): with sleeping engines and no cap, the first arm's
-# caching allocator grew to 92 GiB while its engine slept, three arms then failed at start for want of
-# memory, and a fourth stopped when vLLM found, after putting its engine to sleep, less free memory on the
-# GPU than before (another arm had allocated meanwhile), a check vLLM makes against the whole GPU.
-# To fit five arms, MEMORY_ARGS (default model.activation_checkpointing=true optim.divergence_factor=0
-# optim.train_micro_batch_size=8) recomputes the decoder layers' activations in the backward pass, drops
+# the 0.045 about what an awake engine of a 0.5B model holds at the recipe's step).  To fit five arms,
+# MEMORY_ARGS (default model.activation_checkpointing=true optim.divergence_factor=0
+# optim.train_micro_batch_size=4) recomputes the decoder layers' activations in the backward pass, drops
 # the update guard's copy of the optimizer state (5.5 GiB at 0.5B; it acts only on a diverging update)
-# and halves the micro-batch: each costs train time, equally in every arm, and none changes a number.
-# (With the guard and micro-batches of 16 the recipe's train phase peaked at 23.6 GiB at 0.5B.)
+# and takes a quarter of the recipe's micro-batch: each costs train time, equally in every arm, and none
+# changes a number.  Measured on an H200 (benchmarks/results/h200_2026-12-03_ablation/) with
+# Qwen2.5-Coder-0.5B-Instruct: at micro-batches of 8 and 0.11 of the GPU an arm's train phase ran out at
+# its cap; at 4 and 0.135 (18.9 GiB) the train phases peaked at 15.5-16.3 GiB, each process held about
+# 20.4 GiB and each engine 6.9 GiB (five arms: 136.5 of 139.8 GiB, so no larger share fits), and one of
+# the five arms still reached its cap at step 5 (a 1.5 GiB block its cached fragments could not give).
+# An arm that fails so is run again on its own and summarised beside the others:
+#   ARMS=difficulty STEPS=22 ... bash benchmarks/instruct_ablation.sh OUT2
+#   python benchmarks/ablation_summary.py OUT --arms shipped ... difficulty=../OUT2/difficulty
+# (STEPS set to the steps the others made: alone on the GPU it steps faster, so equal steps, not minutes).
+# Earlier, with sleeping engines and no cap (benchmarks/results/h200_2026-12-03_trl_ablation/), the first
+# arm's caching allocator grew to 92 GiB while its engine slept and three arms could not start.
 # The first arm finishes a step before the next starts (it converts the model and fills vLLM's compile
 # cache, which the others then read); the others start START_GAP (20) seconds apart, or each once the one
 # before has finished a step with START_GAP=step.  Each trains for MINUTES of its own step time
@@ -85,7 +94,7 @@ for spec in $ARMS; do
     --config "$CONFIG" model.path="$MODEL" data.source="$GSM8K" schedule.steps="${STEPS:-1000}" \
     schedule.time_limit_minutes="${MINUTES:-12}" schedule.evaluate_at_start=false schedule.evaluate_freq=0 \
     schedule.save_every=0 output.resume=never sampling.vllm.sleep_mode=false topology.gpu_memory_fraction="$ARM_FRACTION" \
-    output.dir="$out/$arm" ${MEMORY_ARGS-model.activation_checkpointing=true optim.divergence_factor=0 optim.train_micro_batch_size=8} \
+    output.dir="$out/$arm" ${MEMORY_ARGS-model.activation_checkpointing=true optim.divergence_factor=0 optim.train_micro_batch_size=4} \
     ${SHARED_ARGS:-} $(arm_args "$spec") > "$out/$arm.log" 2>&1 &
   pids+=($!)
   if [ "$START_GAP" != step ] && [ "${#pids[@]}" -gt 1 ]; then sleep "$START_GAP"; continue; fi
