@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from rlft.config import load_config_or_exit
 from rlft.objectives import GRPOObjective
+from rlft.runtime.best_model import evaluates
 from rlft.runtime.build import build_roles
 from rlft.runtime.checkpoint import resume_checkpoint
 from rlft.runtime.context import RankContext
@@ -60,7 +61,7 @@ def grpo_step(ctx: RankContext, step: int, last: bool = False) -> dict:
             metrics.update(ctx.policy.update(batch, epochs=cfg.grpo.epochs_per_rollout))
 
     # 4. Fresh weights into the sampler (and the evaluator's engine), and always before an evaluation.
-    evaluate = bool(cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0 and not last)
+    evaluate = evaluates(cfg, step) and not last
     if step % cfg.schedule.sync_every == 0 or evaluate:
         with ctx.timed("sync"):
             metrics.update(sync_weights(ctx))

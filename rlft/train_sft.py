@@ -24,6 +24,7 @@ from rlft.common import say_line
 from rlft.config import ConfigError, RunConfig, load_config_or_exit
 from rlft.objectives import SFTObjective
 from rlft.roles.sft_data import SFTFeeder
+from rlft.runtime.best_model import evaluates
 from rlft.runtime.build import agree_on_config_error, build_roles
 from rlft.runtime.checkpoint import resume_checkpoint
 from rlft.runtime.context import RankContext
@@ -72,7 +73,7 @@ def sft_step(ctx: RankContext, step: int, last: bool = False) -> dict:
             metrics.update(ctx.policy.update(batch))
 
     # 3. Evaluation on the held-out split, with the policy's current weights.
-    if cfg.schedule.evaluate_freq and step % cfg.schedule.evaluate_freq == 0 and not last:
+    if evaluates(cfg, step) and not last:
         metrics.update(evaluate_now(ctx, step))
     return metrics
 

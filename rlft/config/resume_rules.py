@@ -68,13 +68,14 @@ def check_settings_unchanged(saved: dict | None, cfg, ckpt: Path) -> None:
 
 
 def used_by_a_run(out_dir: str | Path) -> list[str]:
-    """What in `out_dir` belongs to a run: checkpoints (complete or half-written), steps.jsonl, model/."""
+    """What in `out_dir` belongs to a run: checkpoints (complete or half-written), steps.jsonl, model/,
+    best_model/."""
     out = Path(out_dir)
     found = []
     ckpts = out / "checkpoints"
     if ckpts.is_dir() and any(p.name.startswith(("step_", ".step_")) for p in ckpts.iterdir()):
         found.append("checkpoints/")
-    found += [name for name in ("steps.jsonl", "model") if (out / name).exists()]
+    found += [name for name in ("steps.jsonl", "model", "best_model") if (out / name).exists()]
     return found
 
 

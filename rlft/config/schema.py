@@ -321,6 +321,10 @@ class OutputConfig:
     # false: the last step writes no checkpoint and no model/ (benchmarks, throwaway runs; such a run
     # cannot be resumed from its end)
     save_at_end: bool = True
+    # true: every evaluation step also saves a checkpoint, and the one whose eval/accuracy beats every
+    # earlier evaluation is copied to OUT/best_model (its HF export; best.json says which step and why).
+    # The evaluation split then picks the step: report a held-out figure from other data (README).
+    keep_best: bool = False
 
 @dataclass
 class SFTConfig:

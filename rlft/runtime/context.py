@@ -46,6 +46,7 @@ class RankContext:
     feeder: SFTFeeder | None = None  # SFT's data, on the sampler's rank
     training: Training | None = None  # what the trainer asked of the roles (set by build_roles)
     tracker: Tracker | None = None  # rank 0 only
+    best: Any = None  # rank 0 only, with output.keep_best: rlft.runtime.best_model.BestModel
     seconds: dict[str, float] = field(default_factory=dict)  # this step's time per phase
     phase_memory_gb: dict[str, float] = field(default_factory=dict)  # this step's peak GPU memory per phase
     step_peak_bytes: int = 0  # GPU: the most allocated so far (timed phases reset torch's counter)

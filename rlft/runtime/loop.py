@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from rlft.common import log
+from rlft.runtime.best_model import BestModel, evaluates
 from rlft.runtime.checkpoint import checkpoint_step, complete_checkpoints, export_final_model, save_checkpoint
 from rlft.runtime.context import RankContext, peak_memory_gb
 from rlft.runtime.memory_plan import note_sleep_mode
@@ -46,9 +47,13 @@ def open_tracker(ctx: RankContext, start: int) -> None:
         ctx.tracker = Tracker(ctx.cfg.output.dir, resume_step=start, settings=ctx.cfg.reporting)
         for line in ctx.tracker.describe():
             log.info("%s", line)
+        if ctx.cfg.output.keep_best:
+            ctx.best = BestModel(ctx.cfg.output.dir, start)
 
 
 def close_tracker(ctx: RankContext) -> None:
+    if ctx.best is not None:
+        log.info("%s", ctx.best.summary())
     if ctx.tracker:
         ctx.tracker.close()
 
@@ -62,6 +67,8 @@ def report(ctx: RankContext, step: int, gathered: list[dict] | None) -> str:
     if samples:
         ctx.tracker.text("samples", step, format_samples(samples))
     ctx.tracker.record(step, merged)
+    if ctx.best is not None:
+        ctx.best.saw(step, merged)
     line = progress_line(step, merged)
     log.info(line)
     return line
@@ -121,6 +128,9 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
             break
         if not last and periodic_save(cfg, step, flags):
             save_checkpoint(ctx, step)
+        if ctx.best is not None:  # an evaluation that beat every earlier one: its checkpoint to OUT/best_model
+            ctx.best.published(step)
+            ctx.best.dropped(step)
         if last:
             note_time_limit(ctx, step)
             break
@@ -215,9 +225,10 @@ def warn_nonfinite(ctx: RankContext, step: int, count: int) -> None:
 
 
 def periodic_save(cfg, step: int, flags: dict) -> bool:
-    """Whether `step` saves a periodic checkpoint: it ended an epoch of prompts or is a multiple of
-    `schedule.save_every`, and its update was kept."""
-    periodic = flags["epoch_ended"] or (cfg.schedule.save_every and step % cfg.schedule.save_every == 0)
+    """Whether `step` saves a periodic checkpoint: it ended an epoch of prompts, is a multiple of
+    `schedule.save_every` or, with `output.keep_best`, evaluated; and its update was kept."""
+    periodic = (flags["epoch_ended"] or (cfg.schedule.save_every and step % cfg.schedule.save_every == 0)
+                or (cfg.output.keep_best and evaluates(cfg, step)))
     return bool(periodic) and not flags["nonfinite"]
 
 
