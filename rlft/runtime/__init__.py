@@ -9,6 +9,7 @@
     sync.py          fresh policy weights into the engines
     run_eval.py      the evaluation hook of the steps, and evaluating a finished model
     checkpoint.py    checkpoint layout, save and resume
+    best_model.py    output.keep_best: the best evaluated step's weights in OUT/best_model
     reporting.py     steps.jsonl, log lines; merging every rank's metrics
     trackers.py      reporting.trackers: TensorBoard, Weights & Biases (offline), MLflow (a local store)
     loop.py          the step loop: reports, checkpoints
