@@ -47,7 +47,9 @@
 # evaluation in DIR, e.g. instruct_gsm8k.sh's OUT/before).
 #
 # Environment: MODEL, GSM8K, ARMS, MINUTES (12), STEPS (1000: the minutes end the run), CONFIG, PYTHON
-# (python3), MEMORY_ARGS (above), SHARED_ARGS (more key=value overrides for every arm; an arm's own win),
+# (python3), MEMORY_ARGS (above), SHARED_ARGS (more key=value overrides for every arm; an arm's own win;
+# e.g. schedule.evaluate_freq=20 for held-out curves, compared at equal steps with benchmarks/compare_runs.py,
+# as benchmarks/results/h200_2026-12-04_lr/ did),
 # NUM_GPUS (1; 0 on a machine without one, for a smoke run), START_TIMEOUT (900 s: how long an arm may
 # take to finish its first step), START_GAP (20, or step), ARM_FRACTION (above).
 set -uo pipefail
