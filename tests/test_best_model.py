@@ -37,7 +37,7 @@ def test_a_higher_evaluation_replaces_the_best_and_an_equal_one_does_not(tmp_pat
     assert kept_step(tmp_path) is None and (best.step, best.value) == (0, 0.30)
     for step, acc in [(2, 0.25), (4, 0.40), (6, 0.40), (8, 0.35), (10, 0.45)]:
         best.saw(step, {"eval/accuracy": acc, "loss": 1.0})
-        assert kept_step(tmp_path) != step  # the periodic save comes after the report
+        assert kept_step(tmp_path) != step  # nothing is copied before the step's save
         fake_checkpoint(tmp_path, step)
         best.published(step)
         best.dropped(step)
@@ -52,10 +52,14 @@ def test_a_higher_evaluation_replaces_the_best_and_an_equal_one_does_not(tmp_pat
     assert used_by_a_run(tmp_path) == ["checkpoints/", "best_model"]
 
 
-def test_the_last_step_is_kept_at_once_its_checkpoint_being_saved_before_its_evaluation(tmp_path):
+def test_a_checkpoint_of_the_step_from_before_its_report_is_not_taken_until_the_save(tmp_path):
+    # The last step's checkpoint is saved before its evaluation; another step's after: either way the
+    # loop calls `published` once the step's own save is done, never `saw` on a directory left earlier.
     best = BestModel(tmp_path, start=0)
     fake_checkpoint(tmp_path, 3)
     best.saw(3, {"eval/accuracy": 0.5})
+    assert kept_step(tmp_path) is None
+    best.published(3)
     assert kept_step(tmp_path) == 3
 
 

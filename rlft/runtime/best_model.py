@@ -63,7 +63,7 @@ class BestModel:
 
     def saw(self, step: int, metrics: dict) -> None:
         """Rank 0 saw `metrics` of `step` (the merged metrics of every rank).  A value higher than every
-        earlier one becomes pending until the checkpoint of `step` exists (`published`), or, at step 0
+        earlier one becomes pending until the step's checkpoint is saved (`published`), or, at step 0
         (the starting model, `model.path`), the mark to beat."""
         value = metrics.get(METRIC)
         if value is None or not math.isfinite(value):
@@ -80,15 +80,15 @@ class BestModel:
             log.info("output.keep_best: the starting model's %s %.4f is the mark to beat", METRIC, value)
             return
         self.pending = (step, float(value))
-        self.published(step)  # the last step's checkpoint is saved before its evaluation
 
     def published(self, step: int) -> None:
-        """The checkpoint of `step` may exist now: copy it to OUT/best_model when `step` is pending."""
+        """The step's checkpoint was saved (the last step's before its evaluation, another's after its
+        report), or not: copy it to OUT/best_model when `step` is pending."""
         if self.pending is None or self.pending[0] != step:
             return
         hf = step_dir(self.out_dir, step) / "hf"
         if not hf.is_dir():
-            return  # the periodic save comes after the report; it calls again
+            return  # no checkpoint of the step: `dropped` says so
         from rlft.runtime.checkpoint import copy_tree_atomic
 
         copy_tree_atomic(hf, self.dir)

@@ -273,3 +273,5 @@ def finish_exported_run(ctx: RankContext, step: int, final_eval: EvalFn) -> None
     metrics = final_eval(ctx, step)
     metrics["seconds"] = dict(ctx.seconds)
     report(ctx, step, ctx.bridge.gather_objects(metrics, dst=0))
+    if ctx.best is not None:
+        ctx.best.published(step)
