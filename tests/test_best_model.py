@@ -89,15 +89,27 @@ def test_a_resumed_run_keeps_its_best_and_a_fresh_one_does_not(tmp_path):
     resumed.saw(6, {"eval/accuracy": 0.45})
     resumed.published(6)
     assert kept_step(tmp_path) == 4
-    # Resumed from step 2: step 4's best is of steps this run no longer has, and is replaced.
+    # Resumed from step 2: step 4's best is of steps this run no longer has: moved aside, whole.
     earlier = BestModel(tmp_path, start=2)
-    assert earlier.step is None
+    assert earlier.step is None and kept_step(tmp_path) is None
+    aside = tmp_path / "best_model.earlier_step_000004"
+    assert json.loads((aside / "config.json").read_text())["written_at_step"] == 4
+    assert read_best(aside)["value"] == 0.5
     fake_checkpoint(tmp_path, 3)
     earlier.saw(3, {"eval/accuracy": 0.1})
     earlier.published(3)
     assert kept_step(tmp_path) == 3
-    # A fresh run (start 0) in the same output replaces it at its first evaluation.
-    assert BestModel(tmp_path, start=0).step is None
+    # A fresh run (start 0) in the same output: the earlier run's best goes aside too, and a start that no
+    # step beats leaves OUT/best_model absent rather than holding another run's weights.
+    fresh = BestModel(tmp_path, start=0)
+    assert fresh.step is None and kept_step(tmp_path) is None
+    assert (tmp_path / "best_model.earlier_step_000003").is_dir()
+    fresh.saw(0, {"eval/accuracy": 0.9})
+    fake_checkpoint(tmp_path, 5)
+    fresh.saw(5, {"eval/accuracy": 0.8})
+    fresh.published(5)
+    assert not (tmp_path / BEST_DIR).exists()
+    assert "the starting model (nothing copied)" in fresh.summary()
 
 
 def test_no_metric_or_a_non_finite_one_changes_nothing(tmp_path):

@@ -13,7 +13,7 @@ model (`schedule.evaluate_at_start`) sets the mark to beat but is not copied: it
 
 A resumed run keeps the best of the steps it resumed after (best.json's step at or before the
 checkpoint); a best from a step the run no longer has (it resumed from an earlier checkpoint), or from
-another run in a fresh output, is replaced by the next evaluation.
+an earlier run in an output that starts afresh, is moved aside whole (OUT/best_model.earlier_step_N).
 
 The evaluation split picks the step, so its accuracy at that step is an optimistic estimate: report a
 held-out figure from data that did not choose it (`data.eval_split` set to a validation split during
@@ -57,9 +57,15 @@ class BestModel:
             self.history = [h for h in stored.get("history", []) if h[0] <= start]
             log.info("output.keep_best: %s holds step %d (%s %.4f), the mark to beat", self.dir, self.step,
                      METRIC, self.value)
-        else:
-            log.info("output.keep_best: %s holds step %d of %s; the first evaluation of this run replaces it",
-                     self.dir, stored["step"], "another run" if start == 0 else "steps past the checkpoint resumed")
+        else:  # not this run's best: moved aside, whole, so that OUT/best_model only ever holds this run's
+            aside = self.out_dir / f"{BEST_DIR}.earlier_step_{int(stored['step']):06d}"
+            n = 1
+            while aside.exists():
+                aside, n = aside.with_name(f"{BEST_DIR}.earlier_step_{int(stored['step']):06d}.{n}"), n + 1
+            self.dir.rename(aside)
+            log.warning("output.keep_best: %s held step %d of %s; moved to %s", self.dir, stored["step"],
+                        "an earlier run in this output (this one starts afresh)" if start == 0
+                        else f"steps past the checkpoint this run resumed (step {start})", aside)
 
     def saw(self, step: int, metrics: dict) -> None:
         """Rank 0 saw `metrics` of `step` (the merged metrics of every rank).  A value higher than every
