@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from rlft.config import load_config_or_exit
 from rlft.objectives import GRPOObjective
-from rlft.runtime.best_model import evaluates
 from rlft.runtime.build import build_roles
 from rlft.runtime.checkpoint import resume_checkpoint
 from rlft.runtime.context import RankContext
 from rlft.runtime.entry import check_init_checkpoint, finished_output, resolve_start_model, write_resolved_config
 from rlft.runtime.run_eval import evaluate_existing, run_evaluation
-from rlft.runtime.loop import close_tracker, open_tracker, report, run_steps
+from rlft.runtime.loop import close_tracker, evaluates, open_tracker, report, run_steps
 from rlft.runtime.rank import parse_run_args, run_rank
 from rlft.runtime.sync import sync_weights
 

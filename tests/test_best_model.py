@@ -26,6 +26,13 @@ def fake_checkpoint(out: Path, step: int) -> None:
     (hf / "config.json").write_text(json.dumps({"written_at_step": step}))
 
 
+def evaluated_and_saved(best: BestModel, out: Path, step: int, accuracy: float) -> None:
+    """One evaluation step as the loop runs it, its checkpoint on disk by the time the save is done."""
+    best.saw(step, {"eval/accuracy": accuracy})
+    fake_checkpoint(out, step)
+    best.step_saved(step)
+
+
 def kept_step(out: Path) -> int | None:
     config = out / BEST_DIR / "config.json"
     return json.loads(config.read_text())["written_at_step"] if config.exists() else None
@@ -39,8 +46,7 @@ def test_a_higher_evaluation_replaces_the_best_and_an_equal_one_does_not(tmp_pat
         best.saw(step, {"eval/accuracy": acc, "loss": 1.0})
         assert kept_step(tmp_path) != step  # nothing is copied before the step's save
         fake_checkpoint(tmp_path, step)
-        best.published(step)
-        best.dropped(step)
+        best.step_saved(step)
         assert kept_step(tmp_path) == {2: None, 4: 4, 6: 4, 8: 4, 10: 10}[step]
     stored = read_best(tmp_path / BEST_DIR)
     assert stored["step"] == 10 and stored["value"] == 0.45 and stored["metric"] == "eval/accuracy"
@@ -54,12 +60,12 @@ def test_a_higher_evaluation_replaces_the_best_and_an_equal_one_does_not(tmp_pat
 
 def test_a_checkpoint_of_the_step_from_before_its_report_is_not_taken_until_the_save(tmp_path):
     # The last step's checkpoint is saved before its evaluation; another step's after: either way the
-    # loop calls `published` once the step's own save is done, never `saw` on a directory left earlier.
+    # loop calls `step_saved` once the step's own save is done, never `saw` on a directory left earlier.
     best = BestModel(tmp_path, start=0)
     fake_checkpoint(tmp_path, 3)
     best.saw(3, {"eval/accuracy": 0.5})
     assert kept_step(tmp_path) is None
-    best.published(3)
+    best.step_saved(3)
     assert kept_step(tmp_path) == 3
 
 
@@ -67,27 +73,22 @@ def test_a_step_that_saved_no_checkpoint_keeps_the_previous_best(tmp_path):
     best = BestModel(tmp_path, start=0)
     best.saw(2, {"eval/accuracy": 0.2})
     fake_checkpoint(tmp_path, 2)
-    best.published(2)
+    best.step_saved(2)
     best.saw(4, {"eval/accuracy": 0.9})  # its update was skipped: no checkpoint of step 4
-    best.published(4)
-    best.dropped(4)
+    best.step_saved(4)
     assert kept_step(tmp_path) == 2 and best.step == 2 and best.value == 0.2
     fake_checkpoint(tmp_path, 4)
-    best.published(4)  # too late: the candidate was dropped
+    best.step_saved(4)  # too late: the candidate was dropped
     assert kept_step(tmp_path) == 2
 
 
 def test_a_resumed_run_keeps_its_best_and_a_fresh_one_does_not(tmp_path):
     first = BestModel(tmp_path, start=0)
     for step, acc in [(2, 0.3), (4, 0.5)]:
-        fake_checkpoint(tmp_path, step)
-        first.saw(step, {"eval/accuracy": acc})
-        first.published(step)
+        evaluated_and_saved(first, tmp_path, step, acc)
     resumed = BestModel(tmp_path, start=4)
     assert (resumed.step, resumed.value) == (4, 0.5)
-    fake_checkpoint(tmp_path, 6)
-    resumed.saw(6, {"eval/accuracy": 0.45})
-    resumed.published(6)
+    evaluated_and_saved(resumed, tmp_path, 6, 0.45)
     assert kept_step(tmp_path) == 4
     # Resumed from step 2: step 4's best is of steps this run no longer has: moved aside, whole.
     earlier = BestModel(tmp_path, start=2)
@@ -95,9 +96,7 @@ def test_a_resumed_run_keeps_its_best_and_a_fresh_one_does_not(tmp_path):
     aside = tmp_path / "best_model.earlier_step_000004"
     assert json.loads((aside / "config.json").read_text())["written_at_step"] == 4
     assert read_best(aside)["value"] == 0.5
-    fake_checkpoint(tmp_path, 3)
-    earlier.saw(3, {"eval/accuracy": 0.1})
-    earlier.published(3)
+    evaluated_and_saved(earlier, tmp_path, 3, 0.1)
     assert kept_step(tmp_path) == 3
     # A fresh run (start 0) in the same output: the earlier run's best goes aside too, and a start that no
     # step beats leaves OUT/best_model absent rather than holding another run's weights.
@@ -105,9 +104,7 @@ def test_a_resumed_run_keeps_its_best_and_a_fresh_one_does_not(tmp_path):
     assert fresh.step is None and kept_step(tmp_path) is None
     assert (tmp_path / "best_model.earlier_step_000003").is_dir()
     fresh.saw(0, {"eval/accuracy": 0.9})
-    fake_checkpoint(tmp_path, 5)
-    fresh.saw(5, {"eval/accuracy": 0.8})
-    fresh.published(5)
+    evaluated_and_saved(fresh, tmp_path, 5, 0.8)
     assert not (tmp_path / BEST_DIR).exists()
     assert "the starting model (nothing copied)" in fresh.summary()
 

@@ -33,12 +33,6 @@ BEST_FILE = "best.json"
 METRIC = "eval/accuracy"
 
 
-def evaluates(cfg, step: int) -> bool:
-    """Whether step `step` (not the run's last, which always evaluates) runs an evaluation."""
-    freq = cfg.schedule.evaluate_freq
-    return bool(freq and step % freq == 0)
-
-
 class BestModel:
     """Rank 0's record of the best evaluation so far, and the copy of its weights in OUT/best_model."""
 
@@ -69,7 +63,7 @@ class BestModel:
 
     def saw(self, step: int, metrics: dict) -> None:
         """Rank 0 saw `metrics` of `step` (the merged metrics of every rank).  A value higher than every
-        earlier one becomes pending until the step's checkpoint is saved (`published`), or, at step 0
+        earlier one becomes pending until the step's checkpoint is saved (`step_saved`), or, at step 0
         (the starting model, `model.path`), the mark to beat."""
         value = metrics.get(METRIC)
         if value is None or not math.isfinite(value):
@@ -87,14 +81,18 @@ class BestModel:
             return
         self.pending = (step, float(value))
 
-    def published(self, step: int) -> None:
-        """The step's checkpoint was saved (the last step's before its evaluation, another's after its
-        report), or not: copy it to OUT/best_model when `step` is pending."""
+    def step_saved(self, step: int) -> None:
+        """The step's own save is done (the last step's before its evaluation, another's after its report),
+        or it saved nothing (its update was skipped or rolled back): when `step` is pending, copy its
+        checkpoint to OUT/best_model, or say why it cannot be kept."""
         if self.pending is None or self.pending[0] != step:
             return
         hf = step_dir(self.out_dir, step) / "hf"
         if not hf.is_dir():
-            return  # no checkpoint of the step: `dropped` says so
+            log.warning("output.keep_best: step %d scored %s %.4f but saved no checkpoint (its update was "
+                        "skipped or rolled back); %s is not replaced", step, METRIC, self.pending[1], self.dir)
+            self.pending = None
+            return
         from rlft.runtime.checkpoint import copy_tree_atomic
 
         copy_tree_atomic(hf, self.dir)
@@ -109,13 +107,6 @@ class BestModel:
 
         write_json_atomic(self.dir / BEST_FILE, {"step": self.step, "metric": METRIC, "value": self.value,
                                                  "history": self.history})
-
-    def dropped(self, step: int) -> None:
-        """`step` saved no checkpoint (its update was skipped): its evaluation cannot be kept."""
-        if self.pending is not None and self.pending[0] == step:
-            log.warning("output.keep_best: step %d scored %s %.4f but saved no checkpoint (its update was "
-                        "skipped or rolled back); %s is not replaced", step, METRIC, self.pending[1], self.dir)
-            self.pending = None
 
     def summary(self) -> str:
         """The run's last word on it: which step was best, against the last evaluation."""

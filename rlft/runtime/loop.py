@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from rlft.common import log
-from rlft.runtime.best_model import BestModel, evaluates
+from rlft.runtime.best_model import BestModel
 from rlft.runtime.checkpoint import checkpoint_step, complete_checkpoints, export_final_model, save_checkpoint
 from rlft.runtime.context import RankContext, peak_memory_gb
 from rlft.runtime.memory_plan import note_sleep_mode
@@ -129,8 +129,7 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
         if not last and periodic_save(cfg, step, flags):
             save_checkpoint(ctx, step)
         if ctx.best is not None:  # an evaluation that beat every earlier one: its checkpoint to OUT/best_model
-            ctx.best.published(step)
-            ctx.best.dropped(step)
+            ctx.best.step_saved(step)
         if last:
             note_time_limit(ctx, step)
             break
@@ -224,6 +223,12 @@ def warn_nonfinite(ctx: RankContext, step: int, count: int) -> None:
                 "the run)", step, count, ctx.cfg.optim.max_nonfinite_steps)
 
 
+def evaluates(cfg, step: int) -> bool:
+    """Whether step `step` (not the run's last, which always evaluates) runs an evaluation."""
+    freq = cfg.schedule.evaluate_freq
+    return bool(freq and step % freq == 0)
+
+
 def periodic_save(cfg, step: int, flags: dict) -> bool:
     """Whether `step` saves a periodic checkpoint: it ended an epoch of prompts, is a multiple of
     `schedule.save_every` or, with `output.keep_best`, evaluated; and its update was kept."""
@@ -274,4 +279,4 @@ def finish_exported_run(ctx: RankContext, step: int, final_eval: EvalFn) -> None
     metrics["seconds"] = dict(ctx.seconds)
     report(ctx, step, ctx.bridge.gather_objects(metrics, dst=0))
     if ctx.best is not None:
-        ctx.best.published(step)
+        ctx.best.step_saved(step)
