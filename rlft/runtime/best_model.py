@@ -13,7 +13,7 @@ model (`schedule.evaluate_at_start`) sets the mark to beat but is not copied: it
 
 A resumed run keeps the best of the steps it resumed after (best.json's step at or before the
 checkpoint); a best from a step the run no longer has (it resumed from an earlier checkpoint), or from
-an earlier run in an output that starts afresh, is moved aside whole (OUT/best_model.earlier_step_N).
+an earlier run in an output that starts afresh, is moved aside whole (OUT/best_model.earlier_step_000060 for a best of step 60).
 
 The evaluation split picks the step, so its accuracy at that step is an optimistic estimate: report a
 held-out figure from data that did not choose it (`data.eval_split` set to a validation split during
