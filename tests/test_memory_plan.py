@@ -147,6 +147,23 @@ def test_the_train_activation_estimate_counts_layers_logits_and_stages(tmp_path)
         1000 * (4 * 128 * 2 + 400 * 10))
 
 
+def test_the_engine_is_sized_for_the_largest_round_dynamic_sampling_can_draw(tmp_path):
+    from tiny_models import tiny_model_dir
+
+    from rlft.runtime.memory_plan import step_shape
+
+    model = tiny_model_dir(tmp_path / "m", num_layers=4)  # 4 layers x 1 KV head x 64 x (key, value) x 2 bytes
+
+    def shape(*overrides: str):
+        cfg = load_config(CONFIGS / "grpo_instruct_1gpu.yaml", ["sampling.backend=vllm", *overrides])  # 32 x 8 a step
+        return step_shape(cfg, model, "bfloat16", longest_prompt=100)
+
+    assert shape().sequences == 256 and shape().tokens == 100 + 512 and shape().kv_bytes_per_token == 4 * 64 * 2 * 2
+    assert shape("grpo.oversample=1.3").sequences == 42 * 8  # ceil(1.3 x 32) prompts a round at most
+    assert shape("grpo.oversample=auto").sequences == 96 * 8  # auto draws at most 3x the step's
+    assert shape("grpo.dynamic_sampling=false").sequences == 256
+
+
 def one_rank_ctx(*overrides: str) -> RankContext:
     from rlft.common import free_port
     from rlft.runtime.bridge import Bridge

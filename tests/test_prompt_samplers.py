@@ -31,8 +31,38 @@ def test_uniform_is_the_default_and_draws_the_order_it_always_has():
     source.observe(source.next_examples(), [{"answer_reward": 1.0}] * 6)  # the uniform order ignores rewards
     assert source.metrics() == {}
     assert source.state_dict() == {"epoch": 2, "position": 6, "seed": 0, "num_examples": 10, "shuffle": True,
-                                   "batch_size": 3}
+                                   "batch_size": 3, "drawn_ahead": [], "drawn_ahead_epoch_ends": []}
     assert PROMPT_SAMPLERS["uniform"].learns_from_rewards is False
+
+
+def test_rounds_of_any_size_take_the_orders_prompts_in_turn_and_resume_mid_batch():
+    """grpo.oversample: a round takes as many prompts as it asks for, from the order's batches in turn; what
+    it leaves of a batch waits for the next round, also across a checkpoint; an epoch counts as taken when
+    a round takes its last prompt."""
+    cfg = load_config(TINY, [f"data.source={GSM8K}", "data.train_size=10"])
+    stream = [i for batch in take(PromptSampler(10, 3, seed=0), 12) for i in batch]  # 3 whole batches an epoch
+    source = PromptSource(cfg, None, 3)
+    sizes = [5, 1, 2, 4, 1]
+    drawn = [[ex.index for ex in source.next_examples(n)] for n in sizes]
+    assert [i for r in drawn for i in r] == stream[:13]
+    # 13 taken: the epoch of 9 ended in the fourth round; the fifth round's batch left two waiting.
+    assert source.epochs_taken == 1
+    state = source.state_dict()
+    assert state["drawn_ahead"] == stream[13:15] and state["drawn_ahead_epoch_ends"] == []
+    resumed = PromptSource(cfg, None, 3)
+    resumed.load_state_dict(json.loads(json.dumps(state)))  # as the checkpoint stores it
+    assert [ex.index for ex in resumed.next_examples(7)] == stream[13:20] == \
+        [ex.index for ex in source.next_examples(7)]
+    # Both took the second epoch's last prompt (the 18th) in that round; the resumed one counts from its start.
+    assert (source.epochs_taken, resumed.epochs_taken) == (2, 1)
+    # The third ends with the 27th, whichever round takes it.
+    source.next_examples(6)
+    assert source.epochs_taken == 2
+    assert [ex.index for ex in source.next_examples(1)] == stream[26:27] and source.epochs_taken == 3
+    # A checkpoint from before rounds had sizes holds no drawn-ahead prompts: it resumes at the batch.
+    old = PromptSource(cfg, None, 3)
+    old.load_state_dict({"epoch": 0, "position": 3, "seed": 0, "num_examples": 10, "shuffle": True, "batch_size": 3})
+    assert [ex.index for ex in old.next_examples()] == stream[3:6]
 
 
 def test_pass_rates_of_groups_laid_out_one_after_another():

@@ -264,6 +264,46 @@ def test_async_sampler_works_ahead_and_a_resumed_run_keeps_the_prompt_order(tiny
     assert [s["rollout/staleness"] for s in resumed] == [0.0, 1.0]
 
 
+def test_dynamic_sampling_sizes_its_rounds_from_the_keep_rate_and_a_resumed_run_draws_the_same(tiny_run, tmp_path):
+    """grpo.dynamic_sampling with grpo.oversample: auto through the launch: the first round of the run draws
+    the step's prompts, later ones as many as the keep rate of the rounds so far asks; every prompt comes
+    from the uniform order in turn (a round's leftovers wait for the next); a run resumed from a checkpoint
+    draws what the uninterrupted one drew, round for round."""
+    from rlft.data import PromptSampler
+
+    common = (*tiny_run["common"][:2], *tiny_run["common"][3:], *TWO_RANKS, "grpo.dynamic_sampling=true",
+              "grpo.oversample=auto", "schedule.evaluate_freq=0", "schedule.save_every=2", "optim.lr=1e-3",
+              "output.keep_checkpoints=0")
+    first = tmp_path / "whole"
+    res = launch(*common, f"output.dir={first}", "schedule.steps=4")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    steps = read_steps(first)
+    order = PromptSampler(8, 2, seed=0)
+    stream = [i for _ in range(64) for i in order.next_batch()]
+    assert steps[0]["dynamic_sampling/groups_first_round"] == 2  # no keep rate yet: the step's 2 prompts
+    drawn = 0
+    for s in steps:
+        generated = int(s["dynamic_sampling/groups_generated"])
+        # The step trains on its 2 groups, taken from the prompts its rounds drew, in the order's turn.
+        window = stream[drawn:drawn + generated]
+        assert len(s["prompt_indices"]) == 2 and all(i in window for i in s["prompt_indices"]), (s, window)
+        drawn += generated
+        assert 0 <= s["dynamic_sampling/keep_rate"] <= 1
+    # Groups were sometimes kept and sometimes not, so some round drew more than the prompts it missed.
+    assert 0 < steps[-1]["dynamic_sampling/keep_rate"] < 1, steps
+    assert any(s["dynamic_sampling/groups_first_round"] > 2 for s in steps[1:]), steps
+
+    resumed_dir = tmp_path / "resumed"
+    res = launch(*common, f"output.dir={resumed_dir}", "schedule.steps=4",
+                 f"output.resume={first / 'checkpoints' / 'step_000002'}")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    resumed = read_steps(resumed_dir)
+    assert [s["step"] for s in resumed] == [3, 4]
+    keys = ("prompt_indices", "dynamic_sampling/groups_first_round", "dynamic_sampling/groups_generated",
+            "dynamic_sampling/keep_rate", "reward/mean")
+    assert [[s[k] for k in keys] for s in resumed] == [[s[k] for k in keys] for s in steps[2:]]
+
+
 # A reward function a user might write: 1 when the response holds a 7, else 0.25.
 SEVEN_REWARD = '''
 def reward(response, ground_truth):

@@ -37,6 +37,7 @@ class GroupPool:
     spare: list[int] = field(default_factory=list)  # pool positions of zero-variance groups
     rounds: int = 0
     generated: int = 0
+    first_round: int = 0  # groups the first round drew
 
     def add_round(self, informative: torch.Tensor) -> None:
         """Register one round's groups (their informative flags), in the order they were drawn."""
@@ -44,6 +45,7 @@ class GroupPool:
             (self.kept if flag else self.spare).append(self.generated)
             self.generated += 1
         self.rounds += 1
+        self.first_round = self.first_round or self.generated
 
     @property
     def full(self) -> bool:
@@ -62,6 +64,7 @@ class GroupPool:
         return {
             "dynamic_sampling/rounds": float(self.rounds),
             "dynamic_sampling/groups_generated": float(self.generated),
+            "dynamic_sampling/groups_first_round": float(self.first_round),
             "dynamic_sampling/groups_informative": float(len(self.kept)),
             "dynamic_sampling/groups_dropped": float(self.generated - len(selected)),
             "dynamic_sampling/groups_filled_zero_variance": float(len(selected) - informative),

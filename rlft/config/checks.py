@@ -15,6 +15,7 @@ from rlft.config import schema
 from rlft.config.launchers import LAUNCHERS
 from rlft.config.schema import (
     CHECKPOINT_STATE_FILE,
+    OVERSAMPLE_AUTO,
     ConfigError,
     GRPOConfig,
     RewardConfig,
@@ -206,9 +207,19 @@ def _check_grpo(g: GRPOConfig) -> None:
              f"grpo.old_logprobs: must be one of {', '.join(OLD_LOGPROB_SOURCES)}, got '{g.old_logprobs}'")
     _require(g.epochs_per_rollout >= 1, f"grpo.epochs_per_rollout: must be >= 1, got {g.epochs_per_rollout}")
     _require(g.max_sampling_rounds >= 1, f"grpo.max_sampling_rounds: must be >= 1, got {g.max_sampling_rounds}")
+    _check_oversample(g)
     if g.dynamic_sampling:
         _require(g.group_size >= 2, f"grpo.dynamic_sampling: needs grpo.group_size >= 2 (a group of one "
                                     f"never has differing rewards), got {g.group_size}")
+
+
+def _check_oversample(g: GRPOConfig) -> None:
+    o = g.oversample
+    _require(o == OVERSAMPLE_AUTO or (isinstance(o, float) and 1.0 <= o < float("inf")),
+             f"grpo.oversample: must be a number >= 1 or auto, got {o!r}")
+    _require(g.dynamic_sampling or o == 1.0,
+             f"grpo.oversample: {o} sizes the rounds of dynamic sampling, which is off; set "
+             f"grpo.dynamic_sampling: true or leave grpo.oversample at 1")
 
 
 def _check_sampling_section(s: SamplingConfig) -> None:

@@ -31,6 +31,7 @@ CHECKPOINT_STATE_FILE = "trainer_state.json"
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LORA_SYNC_MODES = ("merged", "adapter")  # model.lora.sync
+OVERSAMPLE_AUTO = "auto"  # grpo.oversample sized from the keep rate (rlft/batching/round_size.py)
 
 @dataclass
 class LoRAConfig:
@@ -183,6 +184,10 @@ class GRPOConfig:
     # groups whose rewards differ (at most max_sampling_rounds rounds; then zero-variance groups fill in).
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 4
+    # Prompts a round draws (rlft/batching/round_size.py): 1.0 = as many as groups are missing; a number f
+    # = f x missing; auto = enough at the keep rate of the rounds so far that a round seldom falls short
+    # (at most 3x the step's).  Fewer, larger rounds: on a GPU a round lasts about its longest response.
+    oversample: float | str = 1.0  # or OVERSAMPLE_AUTO
     # Sampler vs trainer log-probs.  tis = truncated importance sampling: the policy-gradient term of
     # each token x min(pi_trainer / pi_sampler, cap).
     rollout_is: str = "none"  # none | tis

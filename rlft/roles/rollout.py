@@ -15,6 +15,7 @@ from rlft.common import log
 from rlft.config import RunConfig
 from rlft.data import Example
 from rlft.batching.dynamic_sampling import GroupPool, group_rows, informative_groups
+from rlft.batching.round_size import RoundSizer
 from rlft.engines.base import RolloutEngine
 from rlft.envs.metrics import episode_metrics, episode_sample
 from rlft.grpo import OVERLONG_MODES, compute_group_normalized_rewards
@@ -22,6 +23,9 @@ from rlft.batching.overlong import OverlongOutcome, overlong_outcome
 from rlft.roles.batch_queue import BatchQueue, Timer, untimed
 from rlft.roles.generation import GRADER_COUNTERS, Rollout, RolloutGenerator
 from rlft.roles.prompt_source import PromptSource
+
+
+ROUND_SIZE = "round_size"  # the key of the rounds' keep rate in the checkpoint's prompt position
 
 
 class RolloutWorker:
@@ -40,7 +44,9 @@ class RolloutWorker:
                                                max_prompt_tokens=max_prompt_tokens)
         # An engine able to sleep that the memory plan keeps awake after the first steps (sleep_mode auto).
         self.stays_awake = False
-        self.queue = BatchQueue(cfg.schedule, self.collect, self.prompts.state_dict)
+        # How many prompts each round of dynamic sampling draws (grpo.oversample), from the rounds seen.
+        self.round_size = RoundSizer(cfg.grpo.oversample, self.prompts.per_step)
+        self.queue = BatchQueue(cfg.schedule, self.collect, self.position)
         # Asynchronous rollouts: the queue hands out the batches and collects ahead.
         self.next_batch, self.prefetch, self.weights_synced = (
             self.queue.next_batch, self.queue.prefetch, self.queue.weights_synced)
@@ -65,19 +71,23 @@ class RolloutWorker:
 
         Without dynamic sampling this is one round: the next prompts, `group_size` responses each.
         With `grpo.dynamic_sampling`, rounds of fresh prompts follow until the batch holds its
-        number of groups with differing rewards (at most `grpo.max_sampling_rounds` rounds); the
-        batch always has the configured size (see `rlft.batching.dynamic_sampling`).
+        number of groups with differing rewards (at most `grpo.max_sampling_rounds` rounds), each
+        round drawing as many prompts as `grpo.oversample` asks for the groups still missing
+        (`rlft.batching.round_size`); the batch always has the configured size (see
+        `rlft.batching.dynamic_sampling`).
         """
         cfg, g = self.cfg, self.cfg.grpo
         rounds = g.max_sampling_rounds if g.dynamic_sampling else 1
         pool = GroupPool(target_groups=self.prompts.per_step)
+        epochs_before = self.prompts.epochs_taken
         rollout, grades, examples = Rollout.empty(), [], []
         if getattr(self.engine, "raw_engine_seconds", None):  # an evaluation's since the last step: not this step's
             self.engine.raw_engine_seconds = []
         metrics = dict.fromkeys((f"grader/{k}" for k in GRADER_COUNTERS), 0.0)
         for r in range(rounds):
             with timed("sample"):
-                round_examples = self.prompts.next_examples()
+                missing = self.prompts.per_step - len(pool.kept)  # groups the step still needs
+                round_examples = self.prompts.next_examples(self.round_size.prompts_for(missing))
                 part = self.generator.generate(round_examples, seed=cfg.seed * 1_000_003 + step + 7919 * r,
                                                keep_awake=r + 1 < rounds, logprobs=self.wants_logprobs(step))
             with timed("grade"):
@@ -86,7 +96,10 @@ class RolloutWorker:
             for k, v in counts.items():
                 metrics[k] += v
             rollout, grades, examples = rollout.extend(part), grades + part_grades, examples + round_examples
-            pool.add_round(informative_groups(torch.tensor([x["reward"] for x in part_grades]), self.group_size))
+            informative = informative_groups(torch.tensor([x["reward"] for x in part_grades]), self.group_size)
+            pool.add_round(informative)
+            if g.dynamic_sampling:
+                self.round_size.saw(len(round_examples), int(informative.sum()))
             if pool.full:
                 break
         if self.engine.sleeps and not self.stays_awake:
@@ -97,13 +110,14 @@ class RolloutWorker:
             self.engine.raw_engine_seconds = []
         if g.dynamic_sampling:
             metrics.update(pool.stats())
+            metrics["dynamic_sampling/keep_rate"] = self.round_size.keep_rate  # the running share sizing rounds
             metrics.update(all_rollouts_metrics(grades))
             chosen = pool.selection()
             rows = group_rows(chosen, self.group_size)
             rollout, grades, examples = rollout.select(rows), [grades[i] for i in rows], [examples[i] for i in chosen]
         with timed("grade"):
             batch, reward_stats = self.to_batch(rollout, grades)
-            metrics["epoch_ended"] = self.prompts.epoch_done
+            metrics["epoch_ended"] = self.prompts.epochs_taken > epochs_before
         metrics.update(rollout_metrics(rollout, grades, batch, reward_stats))
         if None not in rollout.episodes:  # a multi-turn environment: turns, tool calls, how episodes ended
             metrics.update(episode_metrics(rollout.episodes, correct=[g["answer_reward"] for g in grades]))
@@ -173,12 +187,18 @@ class RolloutWorker:
 
     # ------------------------------------------------------------------ checkpoints
 
+    def position(self) -> dict:
+        """Where the drawing stands: the prompt order's state and the keep rate that sizes the rounds."""
+        return {**self.prompts.state_dict(), ROUND_SIZE: self.round_size.state_dict()}
+
     def state_dict(self) -> dict:
-        """The prompt order's position (before any batches collected ahead, `BatchQueue.resume_position`)."""
+        """The position to checkpoint (before any batches collected ahead, `BatchQueue.resume_position`)."""
         return self.queue.resume_position()
 
     def load_state_dict(self, state: dict) -> None:
         self.prompts.load_state_dict(state)
+        if ROUND_SIZE in state:  # absent from checkpoints of before grpo.oversample
+            self.round_size.load_state_dict(state[ROUND_SIZE])
 
 
 def all_rollouts_metrics(grades: list[dict]) -> dict:
