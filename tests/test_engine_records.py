@@ -68,6 +68,25 @@ def test_vllm_settings_change_its_options_as_they_say():
     assert VLLM.evaluation_options("cpu", gpu_share=0.5) == {} == HF.evaluation_options("cuda", gpu_share=0.5)
 
 
+def test_a_round_larger_than_vllms_cuda_graphs_gets_graphs_that_hold_it():
+    # vLLM captures decode graphs up to 512 sequences; a larger round (grpo.oversample) would decode
+    # eagerly, so the engine captures up to the largest round, in vLLM's steps of 16, at most 1024.
+    def options(*overrides, device="cuda"):
+        return VLLM.options(load_config(CONFIGS / "grpo_instruct_1gpu.yaml", list(overrides)), device)
+
+    assert "compilation_config" not in options()  # 32 prompts x 8: within vLLM's own graphs
+    assert options("grpo.oversample=auto")["compilation_config"] == {"max_cudagraph_capture_size": 768}  # 3 x 32 x 8
+    assert options("grpo.oversample=2.5")["compilation_config"] == {"max_cudagraph_capture_size": 640}
+    assert options("grpo.oversample=2.1")["compilation_config"] == {"max_cudagraph_capture_size": 544}  # 68 x 8 = 544
+    assert options("grpo.oversample=2.03")["compilation_config"] == {"max_cudagraph_capture_size": 528}  # 65 x 8 = 520
+    assert options("grpo.oversample=auto", "optim.rollout_batch_size=512")["compilation_config"] == {
+        "max_cudagraph_capture_size": 1024}  # 1536 sequences: vLLM runs at most 1024 at once
+    assert options("optim.rollout_batch_size=640", "grpo.dynamic_sampling=false")["compilation_config"] == {
+        "max_cudagraph_capture_size": 640}
+    assert "compilation_config" not in options("grpo.oversample=auto", "sampling.vllm.enforce_eager=true")
+    assert "compilation_config" not in options("grpo.oversample=auto", device="cpu")  # eager there
+
+
 def test_the_records_say_what_the_memory_plan_and_the_sync_need():
     asleep = load_config(None, ["sampling.vllm.sleep_mode=true", "sampling.vllm.gpu_memory_utilization=0.4",
                                 "sampling.vllm.max_model_len=777"])

@@ -40,6 +40,14 @@ def most_prompts_per_round(oversample: Any, prompts_per_step: int) -> int:
     return math.ceil((AUTO_MOST if factor is None else factor) * prompts_per_step)
 
 
+def most_sequences_per_round(grpo: Any, rollout_batch_size: int) -> int:
+    """The most sequences one round of sampling generates (what an engine must hold and decode at once):
+    the step's `optim.rollout_batch_size`, or with dynamic sampling the largest round `grpo.oversample` draws."""
+    if not grpo.dynamic_sampling:
+        return rollout_batch_size
+    return most_prompts_per_round(grpo.oversample, rollout_batch_size // grpo.group_size) * grpo.group_size
+
+
 def prompts_for_keep_rate(missing: int, keep_rate: float, z: float = AUTO_Z) -> int:
     """The fewest n with n p - z sqrt(n p (1 - p)) >= missing (p = keep_rate > 0): the root in sqrt(n)
     of p x^2 - z s x - missing = 0, s = sqrt(p (1 - p)), squared and rounded up."""

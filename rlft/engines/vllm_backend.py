@@ -36,6 +36,20 @@ AUTO = "auto"
 # vLLM's allowed max_lora_rank values (vllm.config.lora.MaxLoRARanks, the same in 0.11 and 0.32): an engine
 # that loads the adapters (model.lora.sync: adapter) takes the smallest that holds model.lora.rank.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# vLLM decodes a batch of up to this many sequences with a captured CUDA graph (its default
+# max_cudagraph_capture_size outside data-centre Blackwell GPUs); a larger batch decodes eagerly.
+VLLM_GRAPH_BATCH = 512
+# ... and never runs more than this many sequences at once (its default max_num_seqs on large GPUs)
+VLLM_MOST_SEQUENCES = 1024
+
+
+def cuda_graph_options(sequences: int) -> dict:
+    """``vllm.LLM``'s arguments that let a batch of ``sequences`` decode in a CUDA graph: none within
+    vLLM's default, else graphs captured up to that batch (rounded up to vLLM's step of 16 sizes,
+    at most :data:`VLLM_MOST_SEQUENCES`)."""
+    if sequences <= VLLM_GRAPH_BATCH:
+        return {}
+    return {"compilation_config": {"max_cudagraph_capture_size": min(VLLM_MOST_SEQUENCES, -(-sequences // 16) * 16)}}
 
 
 def installed_vllm_version() -> str | None:
@@ -169,6 +183,10 @@ class VLLMBackend(Backend):
         if on_gpu:
             opts["gpu_memory_utilization"] = (budget.share if budget is not None and budget.share else
                                               v.gpu_memory_utilization or OWN_GPU_SHARE)
+            if not opts["enforce_eager"]:  # a round larger than vLLM's graphs would decode eagerly
+                from rlft.batching.round_size import most_sequences_per_round  # (it imports the config)
+
+                opts.update(cuda_graph_options(most_sequences_per_round(cfg.grpo, cfg.optim.rollout_batch_size)))
         kv = budget.kv_cache_bytes if budget is not None and on_gpu else None
         if kv is not None or v.kv_cache_memory_bytes is not None or device_type == "cpu":
             opts["kv_cache_memory_bytes"] = kv or v.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES

@@ -85,16 +85,13 @@ def step_shape(cfg: RunConfig, model_path: str, dtype: str, longest_prompt: int)
     """What a step's rollouts ask of the engine: `optim.rollout_batch_size` sequences (the largest round
     `grpo.oversample` can draw with dynamic sampling) of the longest prompt and the response budget
     (`sampling.max_tokens`; a multi-turn episode's whole budget)."""
-    from rlft.batching.round_size import most_prompts_per_round
+    from rlft.batching.round_size import most_sequences_per_round
     from rlft.models.loading import context_length, kv_bytes_per_token
 
     responses = cfg.environment.episode_tokens(cfg.sampling.max_tokens)
     per_token = kv_bytes_per_token(model_path, dtype) or 0
     context = context_length(model_path, backend_record(cfg).context_limit(cfg)) or 0
-    g = cfg.grpo
-    sequences = cfg.optim.rollout_batch_size
-    if g.dynamic_sampling:
-        sequences = most_prompts_per_round(g.oversample, sequences // g.group_size) * g.group_size
+    sequences = most_sequences_per_round(cfg.grpo, cfg.optim.rollout_batch_size)
     return StepShape(sequences=sequences, tokens=longest_prompt + responses,
                      kv_bytes_per_token=per_token, weight_bytes=count_parameters(model_path) * (4 if dtype == "float32" else 2),
                      context_tokens=context)
