@@ -23,14 +23,15 @@ the functions that use it: the config checks read `OVERLONG_MODES` without loadi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from rlft.grpo.choices import OVERLONG_MODES, Implementations, OverlongMode
 
 if TYPE_CHECKING:
     import torch
 
-    from rlft.config.schema import GRPOConfig
+# A mode reads the grpo section (rlft.config.schema.GRPOConfig, which this package sits below: Any here).
+GRPOConfig = Any
 
 
 @dataclass
@@ -79,7 +80,7 @@ def soft_overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int, p
 # ---------------------------------------------------------------- the modes
 
 # (response lengths [B], finish reasons, sampling.max_tokens, the grpo settings) -> OverlongOutcome
-OverlongFn = Callable[["torch.Tensor", Sequence[str], int, "GRPOConfig"], OverlongOutcome]
+OverlongFn = Callable[["torch.Tensor", Sequence[str], int, GRPOConfig], OverlongOutcome]
 
 # Each mode's function, by the name of its record in OVERLONG_MODES.
 OVERLONG_FUNCTIONS = Implementations(OVERLONG_MODES, "overlong mode")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rlft.config.schema import OVERSAMPLE_AUTO as AUTO
+from rlft.grpo.choices import OVERSAMPLE_AUTO as AUTO
 
 AUTO_MOST = 3.0  # auto never draws more than 3x the step's prompts in a round
 AUTO_Z = 2.0  # standard deviations of margin: a round falls short about 2 times in 100

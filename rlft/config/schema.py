@@ -14,6 +14,7 @@ from rlft.grpo.choices import (
     DEFAULT_AGGREGATION,
     DEFAULT_KL_ESTIMATOR,
     OLD_LOGPROB_SOURCES,
+    OVERSAMPLE_AUTO,
     ROLLOUT_IS_MODES,
 )
 from rlft.data.prompts import DEFAULT_PROMPT_TEMPLATE
@@ -31,7 +32,6 @@ CHECKPOINT_STATE_FILE = "trainer_state.json"
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LORA_SYNC_MODES = ("merged", "adapter")  # model.lora.sync
-OVERSAMPLE_AUTO = "auto"  # grpo.oversample sized from the keep rate (rlft/batching/round_size.py)
 
 @dataclass
 class LoRAConfig:

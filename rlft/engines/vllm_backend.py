@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from rlft.batching.round_size import most_sequences_per_round
 from rlft.engines.base import EngineSettingError, EngineUnavailable
 from rlft.engines.records import ENGINE_OVERHEAD_BYTES, Backend, GpuBudget, StepShape, register_backend
 
@@ -184,8 +185,6 @@ class VLLMBackend(Backend):
             opts["gpu_memory_utilization"] = (budget.share if budget is not None and budget.share else
                                               v.gpu_memory_utilization or OWN_GPU_SHARE)
             if not opts["enforce_eager"]:  # a round larger than vLLM's graphs would decode eagerly
-                from rlft.batching.round_size import most_sequences_per_round  # (it imports the config)
-
                 opts.update(cuda_graph_options(most_sequences_per_round(cfg.grpo, cfg.optim.rollout_batch_size)))
         kv = budget.kv_cache_bytes if budget is not None and on_gpu else None
         if kv is not None or v.kv_cache_memory_bytes is not None or device_type == "cpu":

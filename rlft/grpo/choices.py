@@ -29,6 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
+# grpo.oversample: auto, the rounds of dynamic sampling sized from the keep rate (rlft/batching/round_size.py)
+OVERSAMPLE_AUTO = "auto"
+
 
 @dataclass(frozen=True)
 class PolicyLoss:
