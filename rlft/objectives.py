@@ -17,6 +17,7 @@ from torch import Tensor
 
 from rlft.batching.batch import Labels, RolloutBatch
 from rlft.config import GRPOConfig
+from rlft.config.schema import DistillConfig
 from rlft.grpo import (
     OLD_LOGPROB_SOURCES,
     POLICY_LOSS_METRIC_KEYS,
@@ -27,7 +28,8 @@ from rlft.grpo import (
     rollout_is_weights,
     rollout_mismatch_sums,
 )
-from rlft.grpo.choices import Implementations, OldLogprobSource
+from rlft.grpo.choices import DISTILL_SIGNALS, Implementations, OldLogprobSource
+from rlft.grpo.distillation import DISTILL_METRIC_KEYS, distill_metrics, token_advantages
 
 # (logp [b, T-1] with gradient, the micro-batch's labels, the grpo settings, *, off_policy) -> π_old's
 # log-probs [b, T-1], without gradient.
@@ -71,6 +73,7 @@ class Objective(Protocol):
     metric_names: tuple[str, ...]  # the per-micro-batch scalars loss() returns, the same every call
     needs_old_logprobs: bool  # the policy computes old_logprobs before its optimizer steps
     needs_reference: bool  # the run needs the reference role's ref_logprobs
+    needs_teacher: bool  # the run needs the teacher role's teacher_logprobs (distillation)
 
     def loss(self, logp: Tensor, entropy: Tensor, labels: Labels, *, num_tokens_total: float,
              num_micro_batches: int, num_rows_total: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
@@ -88,24 +91,32 @@ class Objective(Protocol):
 class GRPOObjective:
     """A GRPO-family loss (`grpo.loss_type`, `rlft.grpo.POLICY_LOSSES`) plus the KL penalty; its
     policy-gradient term weighted per token by the rollout IS correction (`grpo.rollout_is`, e.g. tis:
-    truncated importance sampling against the sampler's log-probs).  The sampler-trainer mismatch (`rollout_mismatch/*`, see
-    `rlft.grpo.rollout_correction`) is measured on the steps whose batch carries the sampler's log-probs
-    (`grpo.mismatch_metrics_every`, or every step where the loss reads them)."""
+    truncated importance sampling against the sampler's log-probs).  With a teacher (`distill.signal`,
+    `rlft.grpo.distillation`) each token's advantage takes the teacher's log-prob minus the student's.
+    The sampler-trainer mismatch (`rollout_mismatch/*`, see `rlft.grpo.rollout_correction`) is measured
+    on the steps whose batch carries the sampler's log-probs (`grpo.mismatch_metrics_every`, or every
+    step where the loss reads them)."""
 
-    metric_names = (*POLICY_LOSS_METRIC_KEYS, "entropy", *ROLLOUT_MISMATCH_METRIC_KEYS)
-
-    def __init__(self, g: GRPOConfig, max_tokens: int, *, off_policy: bool = False):
+    def __init__(self, g: GRPOConfig, max_tokens: int, *, off_policy: bool = False,
+                 distill: DistillConfig | None = None):
         """`off_policy`: batches may come from older weights (`schedule.max_staleness` > 0); the
-        ratio's old log-probs are then the sampler's own, those of the weights that sampled."""
+        ratio's old log-probs are then the sampler's own, those of the weights that sampled.
+        `distill`: the distillation settings (None: none)."""
         self.g = g
         self.max_tokens = max_tokens  # the fixed length of aggregations that divide by one (Dr. GRPO's)
         self.off_policy = off_policy
+        distill = distill or DistillConfig()
+        self.signal, self.distill_clip, self.distill_baseline = distill.signal, distill.clip, distill.baseline
+        self.needs_teacher = DISTILL_SIGNALS[self.signal].uses_teacher
         self.needs_old_logprobs = g.recomputes_old_logprobs
         self.needs_reference = g.needs_reference
         self.label_fields = ("response_mask", "advantages", "raw_rewards", "sampler_logprobs",
                              *(("old_logprobs",) if g.recomputes_old_logprobs else ()),
-                             *(("ref_logprobs",) if g.needs_reference else ()))
+                             *(("ref_logprobs",) if g.needs_reference else ()),
+                             *(("teacher_logprobs", "distill_weight") if self.needs_teacher else ()))
         self.optional_label_fields = () if g.loss_reads_sampler_logprobs(int(off_policy)) else ("sampler_logprobs",)
+        self.metric_names = (*POLICY_LOSS_METRIC_KEYS, "entropy", *ROLLOUT_MISMATCH_METRIC_KEYS,
+                             *(DISTILL_METRIC_KEYS if self.needs_teacher else ()))
         self.mismatch = MicroBatchMismatch()
 
     def unmeasured(self, batch: RolloutBatch) -> tuple[str, ...]:
@@ -120,8 +131,13 @@ class GRPOObjective:
         # epochs, the current epoch's.)
         behaviour = labels.old_logprobs if g.recomputes_old_logprobs else logp.detach()
         weights = rollout_is_weights(g.rollout_is, behaviour, labels.sampler_logprobs, g.rollout_is_cap)
+        # The student's log-probs in the distillation signal: those of the weights that sampled.
+        student = _sampling_policy(logp, labels, g, off_policy=self.off_policy)
+        advantages = token_advantages(self.signal, labels.advantages, student, labels.teacher_logprobs,
+                                      labels.distill_weight, self.distill_clip,
+                                      labels.response_mask if self.distill_baseline else None)
         loss, metrics = policy_loss(
-            logp, labels.response_mask, loss_type=g.loss_type, advantages=labels.advantages,
+            logp, labels.response_mask, loss_type=g.loss_type, advantages=advantages,
             raw_rewards=labels.raw_rewards, old_log_probs=old,
             ref_log_probs=labels.ref_logprobs if g.kl_coef > 0 else None, cliprange=g.cliprange,
             cliprange_high=g.cliprange_high, kl_coef=g.kl_coef, kl_estimator=g.kl_estimator,
@@ -135,6 +151,9 @@ class GRPOObjective:
         else:
             sums = rollout_mismatch_sums(behaviour, labels.sampler_logprobs, labels.response_mask, g.rollout_is_cap)
             metrics.update(self.mismatch.report(sums, num_micro_batches))
+        if self.needs_teacher:
+            metrics.update(distill_metrics(student, labels.teacher_logprobs, labels.response_mask,
+                                           labels.distill_weight, self.distill_clip))
         return loss, metrics
 
 
@@ -146,6 +165,7 @@ class SFTObjective:
     optional_label_fields = ()
     needs_old_logprobs = False
     needs_reference = False
+    needs_teacher = False
 
     def loss(self, logp: Tensor, entropy: Tensor, labels: Labels, *, num_tokens_total: float,
              num_micro_batches: int, num_rows_total: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:

@@ -6,6 +6,7 @@ its roles own (rlft/roles/) and exchanging the results over the bridge:
 
     rollout    prompts -> grouped rollouts -> rewards -> group-normalised advantages -> batch
     reference  frozen log-probs of the batch (when KL or reference old log-probs are on)
+    teacher    the teacher's log-probs of the batch (on-policy distillation, distill.signal)
     policy     DeepSpeed pipeline: one optimizer step over the batch (GRPOObjective)
     all        fresh policy weights -> sampler (and evaluator) engines
     evaluator  every `evaluate_freq` steps: score the eval split (after the last step: once its
@@ -49,7 +50,17 @@ def grpo_step(ctx: RankContext, step: int, last: bool = False) -> dict:
                 ref = ctx.reference.logprobs(batch)
         batch.ref_logprobs = bridge.broadcast_object(ref, src=t.reference_rank)
 
-    # 2b. Asynchronous rollouts: the sampler collects the next batches with the weights it holds, while
+    # 2b. The teacher's log-probs of the student's samples, when the run distils (distill.signal).
+    if ctx.run_builds("teacher"):
+        scores = None
+        if ctx.teacher is not None:
+            with ctx.timed("teacher"):
+                scores = ctx.teacher.score(batch, step)
+            metrics.update(ctx.teacher.last_metrics)
+        scores = bridge.broadcast_object(scores, src=t.teacher_rank)
+        batch.teacher_logprobs, batch.distill_weight = scores.logprobs, scores.weight
+
+    # 2c. Asynchronous rollouts: the sampler collects the next batches with the weights it holds, while
     #     the policy ranks go on to train on this one.
     if ctx.rollout is not None and not last:
         ctx.rollout.prefetch(step, cfg.schedule.steps, timed=ctx.timed)
@@ -109,7 +120,7 @@ def run(ctx: RankContext) -> None:
     resolve_start_model(ctx)
     write_resolved_config(ctx)
     build_roles(ctx, GRPOObjective(ctx.cfg.grpo, ctx.cfg.sampling.max_tokens,
-                                   off_policy=ctx.cfg.schedule.max_staleness > 0),
+                                   off_policy=ctx.cfg.schedule.max_staleness > 0, distill=ctx.cfg.distill),
                 batch_size=ctx.cfg.optim.rollout_batch_size, rollouts=True)
     ctx.bridge.barrier()
     train(ctx)

@@ -81,7 +81,8 @@ def logger_role(tmp_path):
 def test_rlft_roles_and_the_keys_that_place_them():
     assert [(r.name, r.rank_key, r.attribute, r.runs_engine) for r in ROLES.values()] == [
         ("policy", "policy_ranks", "policy", False), ("sampler", "sampler_rank", "rollout", True),
-        ("reference", "reference_rank", "reference", False), ("evaluator", "evaluator_rank", "evaluator", True)]
+        ("reference", "reference_rank", "reference", False), ("teacher", "teacher_rank", "teacher", False),
+        ("evaluator", "evaluator_rank", "evaluator", True)]
     for role in ROLES.values():  # each names a builder that exists (imported here, as on a rank)
         assert callable(role.builder()), role.name
 
@@ -96,7 +97,7 @@ def test_a_builder_that_cannot_be_imported_is_one_line_naming_the_role():
 
 
 def test_the_models_are_built_before_the_engines_and_the_evaluator_after_the_sampler(logger_role):
-    assert [r.name for r in build_order()] == ["policy", "reference", "logger", "sampler", "evaluator"]
+    assert [r.name for r in build_order()] == ["policy", "reference", "teacher", "logger", "sampler", "evaluator"]
 
 
 def test_which_roles_a_run_builds():
@@ -106,9 +107,12 @@ def test_which_roles_a_run_builds():
 
     grpo = load_config(None, ALONE)
     wanted = {r.name: r.wanted(grpo, Training(Objective(True), 8, rollouts=True)) for r in ROLES.values()}
-    assert wanted == {"policy": True, "sampler": True, "reference": True, "evaluator": True}
+    assert wanted == {"policy": True, "sampler": True, "reference": True, "teacher": False, "evaluator": True}
     sft = {r.name: r.wanted(grpo, Training(Objective(False), 8, rollouts=False)) for r in ROLES.values()}
-    assert sft == {"policy": True, "sampler": False, "reference": False, "evaluator": True}
+    assert sft == {"policy": True, "sampler": False, "reference": False, "teacher": False, "evaluator": True}
+    distilling = Objective(False)
+    distilling.needs_teacher = True  # the objective reads the teacher's log-probs (distill.signal)
+    assert ROLES["teacher"].wanted(grpo, Training(distilling, 8, rollouts=True))
 
 
 @pytest.mark.parametrize("overrides, needs_reference, expected", [

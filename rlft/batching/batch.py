@@ -45,12 +45,13 @@ class RolloutBatch:
     Token-aligned ``[B, T]``: ``input_ids``, ``attention_mask`` (long).
     Label-aligned ``[B, T-1]`` (column t scores token t+1): ``response_mask`` (float), the
     ``sampler_logprobs`` (float32) the rollout engine reported for the response tokens (0 elsewhere),
-    and the ``old_logprobs`` / ``ref_logprobs`` (float32) that later steps may add.
+    and the ``old_logprobs`` / ``ref_logprobs`` / ``teacher_logprobs`` (float32) that later steps may add.
     Per sequence ``[B]``: ``prompt_lengths``, ``response_lengths`` (long; eos/bos included), and the
     ``advantages`` / ``raw_rewards`` (float) of a graded rollout.
 
     The fields are filled in the step's order: the rollout role builds the batch with its
-    advantages, the reference role adds ``ref_logprobs``, the policy its own ``old_logprobs``.
+    advantages, the reference role adds ``ref_logprobs``, the teacher (distillation) its
+    ``teacher_logprobs`` and the step's ``distill_weight``, the policy its own ``old_logprobs``.
     SFT batches leave the optional fields None.
     """
 
@@ -64,6 +65,8 @@ class RolloutBatch:
     ref_logprobs: Optional[Tensor] = None
     old_logprobs: Optional[Tensor] = None
     sampler_logprobs: Optional[Tensor] = None
+    teacher_logprobs: Optional[Tensor] = None  # [B, T-1]: the teacher's (distill.signal)
+    distill_weight: Optional[Tensor] = None  # [B]: the step's distill.weight, per sequence
 
     @property
     def labels(self) -> Tensor:
@@ -118,6 +121,8 @@ class Labels:
     ref_logprobs: Optional[Tensor] = None  # [b, T-1]
     old_logprobs: Optional[Tensor] = None  # [b, T-1]
     sampler_logprobs: Optional[Tensor] = None  # [b, T-1]
+    teacher_logprobs: Optional[Tensor] = None  # [b, T-1]
+    distill_weight: Optional[Tensor] = None  # [b]
 
     @classmethod
     def of(cls, batch: RolloutBatch, fields: Sequence[str], optional: Sequence[str] = ()) -> Labels:

@@ -3,6 +3,7 @@
     loading.py       load_config / build_config / save_config: YAML + overrides -> a validated RunConfig
     schema.py        the typed sections (dataclasses with named defaults) and ConfigError
     checks.py        validate(): ranges and the rules across fields, read from the choices' records
+    distill_checks.py  teacher: and distill: (signal, teacher, ranges); the teacher's tokenizer against the student's
     plugins.py       plugins: the user's modules, imported before the checks so their choices are known
     topology.py      which rank hosts which role, from `topology:`
     role_records.py  ROLES: one record per role (the topology key that places it, whether a run builds

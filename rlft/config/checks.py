@@ -35,6 +35,7 @@ from rlft.grpo import (
     ROLLOUT_IS_MODES,
 )
 from rlft.config.role_records import EXTRA_ROLES, ROLES, placed_ranks
+from rlft.config.distill_checks import check_distillation, distill_warnings
 
 
 def _require(ok: bool, message: str) -> None:
@@ -156,6 +157,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_sft(cfg.sft)
     _check_batch_split(cfg.topology, cfg.optim)
     _check_reporting(cfg.reporting)
+    check_distillation(cfg)
     return cfg
 
 
@@ -420,7 +422,7 @@ def config_warnings(cfg: RunConfig, *, rollouts: bool = True) -> list[str]:
         found.append(f"data.source {cfg.data.source} is a single file: the evaluation (data.eval_split) scores the "
                      f"training rows themselves; point data.source at a directory holding "
                      f"{cfg.data.train_split} and {cfg.data.eval_split} files to evaluate on held-out rows")
-    return found
+    return found + (distill_warnings(cfg) if rollouts else [])
 
 
 def check_topology(t: TopologyConfig) -> None:

@@ -22,6 +22,7 @@ from rlft.grpo import POLICY_LOSSES
 from rlft.config.hub_cache import cached_snapshot, check_hub_model
 from rlft.models.loading import DEFAULT_MODEL, ModelPathError, check_model_dir, default_model_gguf
 from rlft.config.start_model import check_init_checkpoint
+from rlft.config.distill_checks import check_same_tokenizer
 
 
 
@@ -139,6 +140,27 @@ def check_data_rows(cfg: RunConfig) -> None:
         raise ConfigError(" ".join(str(e).split())) from None
 
 
+def check_teacher_model(cfg: RunConfig) -> None:
+    """`teacher.path` names a model (as `model.path` is checked); where the student's and the teacher's
+    tokenizer files are both on disk, the same ids for the same tokens (a .gguf or a hub id not yet
+    fetched is checked on the teacher's rank instead, once converted)."""
+    if not cfg.teacher.path:
+        return
+    check_model_path(cfg.teacher.path, "teacher.path")
+    student = local_model_dir(cfg.output.init_checkpoint or cfg.model.path)
+    teacher = local_model_dir(cfg.teacher.path)
+    if student is None or teacher is None or not _has_tokenizer(student) or not _has_tokenizer(teacher):
+        return
+    from transformers import AutoTokenizer
+
+    check_same_tokenizer(AutoTokenizer.from_pretrained(student), AutoTokenizer.from_pretrained(teacher),
+                         cfg.teacher.path)
+
+
+def _has_tokenizer(path: Path) -> bool:
+    return any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
+
+
 def preflight(cfg: RunConfig, module: str | None) -> None:
     """Every check above that applies to `module` (`rlft.train_grpo`, `rlft.train_sft`, None: none
     of the trainer's own)."""
@@ -153,6 +175,7 @@ def preflight(cfg: RunConfig, module: str | None) -> None:
     check_chat_template(cfg)
     if module == "rlft.train_grpo":
         check_grpo_can_learn(cfg)
+        check_teacher_model(cfg)
     check_data_rows(cfg)
     check_training_rows(cfg, module)
     from rlft.config.resume_rules import resume_point

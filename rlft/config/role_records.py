@@ -1,7 +1,7 @@
 """The roles a rank can host (rlft/roles/), one record each: what the rest of rlft reads about a role,
 never its name.
 
-    ROLES  policy, sampler, reference, evaluator: the topology's roles, in the order a rank's
+    ROLES  policy, sampler, reference, teacher, evaluator: the topology's roles, in the order a rank's
            description lists them (`rlft.config.topology.RankRoles.describe`)
 
 The records are read by the config (`rlft.config.checks.check_topology`: ranks >= 0, no idle rank,
@@ -114,6 +114,8 @@ ROLES: dict[str, Role] = {r.name: r for r in (
          wanted=lambda cfg, training: training.rollouts, runs_engine=True),
     Role("reference", "rlft.runtime.build:build_reference", rank_key="reference_rank",
          wanted=lambda cfg, training: reference_logprobs_by(cfg, training.objective) == "reference"),
+    Role("teacher", "rlft.roles.teacher:build", rank_key="teacher_rank",
+         wanted=lambda cfg, training: getattr(training.objective, "needs_teacher", False)),
     Role("evaluator", "rlft.runtime.build:build_evaluator", rank_key="evaluator_rank", runs_engine=True),
 )}
 

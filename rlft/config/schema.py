@@ -308,6 +308,9 @@ class TopologyConfig:
     # null = the whole GPU.  For runs that share one GPU: without a cap, the first run's cache grows
     # into what the others' engines need (a vLLM engine's memory is set apart, by the sampler's settings).
     gpu_memory_fraction: float | None = None
+    # The teacher's rank (teacher.path, distill.signal); null = the reference's rank (one GPU: beside the
+    # policy and the engine).  Without a teacher no rank hosts one.
+    teacher_rank: int | None = None
 
     def world_size(self) -> int:
         """Ranks of one launch: every rank up to the highest one a role is placed on."""
@@ -360,6 +363,31 @@ class EnvironmentConfig:
         return self.max_episode_tokens or max_tokens
 
 
+@dataclass
+class TeacherConfig:
+    # On-policy distillation (distill.signal): a stronger model of the student's tokenizer scores every
+    # token of the student's own samples.  null = no teacher.  A hub id, a local directory or a .gguf file.
+    path: str | None = None
+    dtype: str = "auto"  # auto = bf16 on GPU, fp32 on CPU
+    micro_batch_size: int | None = None  # sequences per teacher forward pass (null = optim.train_micro_batch_size)
+
+
+@dataclass
+class DistillConfig:
+    # The per-token advantage the policy gradient weighs each response token by (rlft/grpo/distillation.py):
+    # none (the group-normalised reward alone) | opd (on-policy distillation: the teacher's log-prob of the
+    # token minus the student's, a per-token reverse KL) | grpo_opd (the group advantage + weight x opd's)
+    signal: str = "none"
+    weight: float = 1.0  # the OPD term's weight (grpo_opd; opd scales its one term by it)
+    decay_steps: int = 0  # > 0: the weight falls linearly to 0 over this many steps (0 = constant)
+    # The OPD term of a token is clamped to [-clip, clip] nats (null = unbounded): a token the teacher finds
+    # all but impossible would otherwise outweigh the rest of the batch.
+    clip: float | None = 5.0
+    # Subtract the OPD term's mean over a micro-batch's response tokens (a baseline): the per-token reverse
+    # KL is positive on average, so unbaselined the signal mostly pushes the sampled tokens down.
+    baseline: bool = False
+
+
 # reporting.trackers' choices and the package each needs (rlft/runtime/trackers.py).
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 
@@ -389,6 +417,8 @@ class RunConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     reporting: ReportingConfig = field(default_factory=ReportingConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     seed: int = 0
     device: str = "auto"  # auto | cuda | cpu
     # The policy's DeepSpeed JSON (null = ds_configs/pipeline_bf16.json or pipeline_fp32.json by dtype);
@@ -397,6 +427,10 @@ class RunConfig:
     # The user's own modules (names or .py files), imported before the config is checked: they register
     # losses, answer formats, engines, roles, modes (rlft.config.plugins).
     plugins: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.teacher.path and self.topology.teacher_rank is None:
+            self.topology.teacher_rank = self.topology.reference_rank  # the teacher's default place
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

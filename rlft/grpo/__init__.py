@@ -18,6 +18,7 @@ One module per piece:
     kl.py             KL estimators' functions, and the entropy
     reductions.py     masked mean / normalise, the aggregations' functions, aggregate_loss
     training_loss.py  policy_loss: the pieces combined, with the metrics the trainer logs
+    distillation.py   on-policy distillation: per-token advantages from a teacher's log-probs (DISTILL_SIGNALS)
     rollout_correction.py  the sampler's log-probs against the trainer's: mismatch metrics, the rollout IS
                       corrections' functions (TIS weights)
 

@@ -8,6 +8,7 @@ the config checks and warnings read (never the names).
     OVERLONG_MODES        grpo.overlong             OverlongMode: changes_rewards, masks_rows, uses
     ROLLOUT_IS_MODES      grpo.rollout_is           RolloutCorrection: reads_sampler_logprobs
     OLD_LOGPROB_SOURCES   grpo.old_logprobs         OldLogprobSource: needs_reference, recomputed
+    DISTILL_SIGNALS       distill.signal            DistillSignal: uses_teacher, uses_rewards
 
 Nothing here imports torch: `rlft.config.launch_plan` checks a config before any rank starts without loading
 it.  A record's function is written with its maths and attached to the record by name there, through that
@@ -18,6 +19,7 @@ module's :class:`Implementations`:
     rlft/batching/overlong.py            the overlong modes
     rollout_correction.py                the rollout IS corrections (per-token weights)
     rlft/objectives.py                   the old log-probs' sources
+    distillation.py                      the distillation signals (per-token advantages)
 
 A new choice is its record here plus its function there (or, for a choice that is not one of rlft's own,
 one ``register_*`` call in that module).  The config's checks, its warnings and the code that runs a choice
@@ -138,6 +140,23 @@ class OldLogprobSource:
     recomputed: bool
 
 
+@dataclass(frozen=True)
+class DistillSignal:
+    """What each response token's advantage is made of (``distill.signal``); its function, the per-token
+    advantages from the group advantages and the teacher's and student's log-probs, is in
+    :mod:`rlft.grpo.distillation`.
+
+    * ``uses_teacher``: it reads the teacher's log-prob of every response token (``teacher.path``), so
+      every batch visits the teacher role.
+    * ``uses_rewards``: the group-normalised reward advantage is part of it; without it the rewards
+      only report (dynamic sampling, which keeps groups whose rewards differ, then discards signal).
+    """
+
+    name: str
+    uses_teacher: bool
+    uses_rewards: bool
+
+
 # rlft's own choices, in the order the config's messages list them.
 POLICY_LOSSES: dict[str, PolicyLoss] = {r.name: r for r in (
     PolicyLoss("no_baseline", uses_ratio=False, uses_groups=False),
@@ -172,6 +191,11 @@ ROLLOUT_IS_MODES: dict[str, RolloutCorrection] = {r.name: r for r in (
 OLD_LOGPROB_SOURCES: dict[str, OldLogprobSource] = {r.name: r for r in (
     OldLogprobSource("policy", needs_reference=False, recomputed=True),
     OldLogprobSource("reference", needs_reference=True, recomputed=False),
+)}
+DISTILL_SIGNALS: dict[str, DistillSignal] = {r.name: r for r in (
+    DistillSignal("none", uses_teacher=False, uses_rewards=True),
+    DistillSignal("opd", uses_teacher=True, uses_rewards=False),
+    DistillSignal("grpo_opd", uses_teacher=True, uses_rewards=True),
 )}
 
 # The config's defaults (rlft.config.schema.GRPOConfig), and those of the maths' functions.

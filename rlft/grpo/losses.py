@@ -187,6 +187,14 @@ def _as_column(x: Optional[Tensor], batch: int, name: str) -> Optional[Tensor]:
     return x
 
 
+def _per_sequence_or_token(x: Optional[Tensor], ref: Tensor, name: str) -> Optional[Tensor]:
+    """Advantages per sequence (``[B]`` / ``[B, 1]``, returned as ``[B, 1]``) or per token (``[B, T]``
+    like ``ref``: a distillation signal's, rlft.grpo.distillation), which the losses broadcast alike."""
+    if x is not None and x.dim() == 2 and x.shape == ref.shape and ref.shape[1] != 1:
+        return x
+    return _as_column(x, ref.shape[0], name)
+
+
 def _check_like(x: Optional[Tensor], ref: Tensor, name: str) -> None:
     if x is not None and x.shape != ref.shape:
         raise ValueError(
@@ -210,7 +218,7 @@ def compute_policy_gradient_loss(
         policy_log_probs: ``[B, T]``.
         loss_type: a key of :data:`POLICY_LOSSES`.
         raw_rewards: ``[B]`` or ``[B, 1]`` (``no_baseline``).
-        advantages: ``[B]`` or ``[B, 1]`` (all other losses).
+        advantages: ``[B]`` or ``[B, 1]`` (all other losses), or ``[B, T]`` per token (distillation).
         old_log_probs: ``[B, T]`` (clip losses).
         cliprange, cliprange_high: clip ε (clip losses; ``dapo`` requires ``cliprange_high``).
         response_mask: ``[B, T]`` (only ``gspo``, which averages over the response).
@@ -231,7 +239,7 @@ def compute_policy_gradient_loss(
     return POLICY_LOSS_FUNCTIONS[loss_type](
         policy_log_probs,
         raw_rewards=_as_column(raw_rewards, batch, "raw_rewards"),
-        advantages=_as_column(advantages, batch, "advantages"),
+        advantages=_per_sequence_or_token(advantages, policy_log_probs, "advantages"),
         old_log_probs=old_log_probs,
         cliprange=cliprange,
         cliprange_high=cliprange_high,

@@ -9,6 +9,7 @@ their records in `rlft.config.role_records` say):
       generation.py      RolloutGenerator: responses from the engine, and their rewards
       batch_queue.py     BatchQueue: batches collected ahead (asynchronous rollouts), their age
     reference.py   ReferenceModel: the frozen starting policy's log-probs of a batch
+    teacher.py     Teacher: a stronger frozen model's log-probs of the student's samples (distillation)
     evaluator.py   Evaluator: scores the eval split with a resident engine (the evaluation itself
                    is the library rlft.evaluate.scoring, which python -m rlft.evaluate uses too)
     sft_data.py    SFTFeeder: SFT's data role, tokenised (prompt, target) batches

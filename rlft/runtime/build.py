@@ -88,8 +88,12 @@ def _plan_memory(ctx: RankContext, training: Training) -> float | None:
         ctx.prompt_source = PromptSource(cfg, ctx.tokenizer, cfg.optim.rollout_batch_size // cfg.grpo.group_size,
                                          max_prompt_tokens=prompt_limit(cfg, ctx.model_path, evaluation=False))
         step = step_shape(cfg, ctx.model_path, ctx.dtype, ctx.prompt_source.longest_prompt(ctx.tokenizer, cfg))
+    # The frozen models this rank holds beside the policy: the reference (a copy of the policy's weights)
+    # and the teacher (its own model), each where the run builds it.
+    here = {name: roles.hosts(name) and ROLES[name].wanted(cfg, training) for name in ("reference", "teacher")}
     planned = check_shared_gpu(cfg, model_path=ctx.model_path, device=ctx.device, policy_dtype=ctx.policy_dtype,
-                               reference_here=roles.reference and ctx.run_builds("reference"), step=step)
+                               reference_here=here["reference"], step=step,
+                               teacher_path=cfg.teacher.path if here["teacher"] else None)
     if planned is None:
         return None
     ctx.gpu_plan, ctx.gpu_budget = planned
@@ -99,7 +103,7 @@ def _plan_memory(ctx: RankContext, training: Training) -> float | None:
         ctx.gpu_budget.describe(int(plan["total"] * 2**30)))
     if step is None:
         return None
-    peak = plan["policy"] + plan["reference"] + train_activation_gib(cfg, ctx.model_path, step.tokens, ctx.policy_dtype)
+    peak = plan["policy"] + plan["reference"] + plan["teacher"] + train_activation_gib(cfg, ctx.model_path, step.tokens, ctx.policy_dtype)
     check_fits_awake(cfg, plan, peak)  # model.lora.sync adapter: the engine cannot sleep
     return peak
 

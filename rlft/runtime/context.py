@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the role modules import DeepSpeed and transformers: only wh
     from rlft.roles.reference import ReferenceModel
     from rlft.roles.rollout import RolloutWorker
     from rlft.roles.sft_data import SFTFeeder
+    from rlft.roles.teacher import Teacher
     from rlft.runtime.reporting import Tracker
 
 
@@ -42,6 +43,7 @@ class RankContext:
     policy: PolicyTrainer | None = None
     rollout: RolloutWorker | None = None  # GRPO's sampler
     reference: ReferenceModel | None = None
+    teacher: Teacher | None = None  # distillation's (distill.signal)
     evaluator: Evaluator | None = None
     feeder: SFTFeeder | None = None  # SFT's data, on the sampler's rank
     training: Training | None = None  # what the trainer asked of the roles (set by build_roles)

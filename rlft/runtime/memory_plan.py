@@ -53,10 +53,10 @@ def lora_parameters(model_path: str, lora) -> int:
 
 def shared_gpu_plan(cfg: RunConfig, *, total_bytes: int, params: int, policy_dtype: torch.dtype,
                     reference_here: bool, adapter_params: int | None = None,
-                    budget: GpuBudget | None = None) -> dict[str, float]:
+                    budget: GpuBudget | None = None, teacher_params: int = 0) -> dict[str, float]:
     """GiB each part needs on a GPU shared by the policy and the engine (its `budget`, by default the
     share its settings give it): `engine`, `policy`,
-    `reference`, `headroom`, `total` (what the GPU has) and `free` (negative: it cannot fit).  The
+    `reference`, `teacher` (a distillation teacher's `teacher_params` weights), `headroom`, `total` (what the GPU has) and `free` (negative: it cannot fit).  The
     policy's part includes the update guard's copy when `optim.divergence_factor` > 0.
     With LoRA (`adapter_params`: what the adapters add) the base weights are frozen (weights only)
     and the adapters alone carry gradients and optimizer state."""
@@ -74,10 +74,11 @@ def shared_gpu_plan(cfg: RunConfig, *, total_bytes: int, params: int, policy_dty
         "engine": share * total_bytes / gib,
         "policy": policy / gib,
         "reference": (params * weight_bytes / gib) if reference_here else 0.0,
+        "teacher": teacher_params * weight_bytes / gib,
         "headroom": HEADROOM * total_bytes / gib,
         "total": total_bytes / gib,
     }
-    plan["free"] = plan["total"] - plan["engine"] - plan["policy"] - plan["reference"] - plan["headroom"]
+    plan["free"] = plan["total"] - plan["engine"] - plan["policy"] - plan["reference"] - plan["teacher"] - plan["headroom"]
     return plan
 
 
@@ -98,10 +99,12 @@ def step_shape(cfg: RunConfig, model_path: str, dtype: str, longest_prompt: int)
 
 
 def check_shared_gpu(cfg: RunConfig, *, model_path: str, device: torch.device, policy_dtype: torch.dtype,
-                     reference_here: bool, step: StepShape | None = None) -> tuple[dict[str, float], GpuBudget] | None:
+                     reference_here: bool, step: StepShape | None = None,
+                     teacher_path: str | None = None) -> tuple[dict[str, float], GpuBudget] | None:
     """On a rank that hosts the policy and an engine holding a share of its GPU: ConfigError when the
     split cannot fit (naming each part's GiB and what to change); the plan and the engine's budget
-    otherwise (`step`: what a step asks of the engine, None where it only evaluates).  None where
+    otherwise (`step`: what a step asks of the engine, None where it only evaluates; `teacher_path`: a
+    distillation teacher this rank holds too).  None where
     nothing is shared: on CPU, or an engine that holds no fixed share."""
     backend = backend_record(cfg)
     # An engine that holds no memory of its own on a GPU (HF generate) asks nothing of it, whatever its size.
@@ -111,6 +114,7 @@ def check_shared_gpu(cfg: RunConfig, *, model_path: str, device: torch.device, p
     budget = backend.gpu_budget(cfg, device.type, step=step, total_bytes=total)
     plan = shared_gpu_plan(cfg, total_bytes=total, params=count_parameters(model_path), policy_dtype=policy_dtype,
                            reference_here=reference_here, budget=budget,
+                           teacher_params=count_parameters(teacher_path) if teacher_path else 0,
                            adapter_params=lora_parameters(model_path, cfg.model.lora) if cfg.model.lora.enabled else None)
     refuse_if_short(plan, cfg)
     return plan, budget
@@ -269,14 +273,21 @@ def refuse_if_short(plan: dict[str, float], cfg: RunConfig) -> None:
         raise ConfigError(
             f"{setting}: the policy and the {backend.label} engine cannot share this GPU "
             f"({plan['total']:.0f} GiB): engine {plan['engine']:.0f} GiB + policy weights, gradients and optimizer "
-            f"{plan['policy']:.0f} GiB + reference {plan['reference']:.0f} GiB + headroom {plan['headroom']:.0f} GiB; "
+            f"{plan['policy']:.0f} GiB + reference {plan['reference']:.0f} GiB {_teacher_part(plan, '.0f')}"
+            f"+ headroom {plan['headroom']:.0f} GiB; "
             f"lower {setting.rpartition('.')[2]} to at most "
             f"{max(0.0, (plan['engine'] + plan['free']) / plan['total']):.2f}, or put the sampler on another GPU")
     fraction = cfg.topology.gpu_memory_fraction
-    held = plan["policy"] + plan["reference"]
+    held = plan["policy"] + plan["reference"] + plan["teacher"]
     if fraction is not None and held > fraction * plan["total"]:
         raise ConfigError(
             f"topology.gpu_memory_fraction: {fraction} lets this rank's tensors hold {fraction * plan['total']:.1f} "
             f"of the GPU's {plan['total']:.0f} GiB, less than the policy's weights, gradients and optimizer "
-            f"{plan['policy']:.1f} GiB + reference {plan['reference']:.1f} GiB alone; raise it to more than "
+            f"{plan['policy']:.1f} GiB + reference {plan['reference']:.1f} GiB "
+            f"{_teacher_part(plan, '.1f')}alone; raise it to more than "
             f"{held / plan['total']:.3f}")
+
+
+def _teacher_part(plan: dict[str, float], spec: str) -> str:
+    """"+ teacher N GiB " for a message naming a plan's parts, where the rank holds a teacher; else ""."""
+    return f"+ teacher {plan['teacher']:{spec}} GiB " if plan.get("teacher") else ""
