@@ -251,8 +251,8 @@ def _fill_rows(prompts: list[list[int]], responses: list[list[int]], layout: tup
         input_ids[i, b:c] = torch.tensor(responses[i], dtype=torch.long)
         if sampler_logprobs is not None:  # token t is scored by label column t - 1
             sampler_logprobs[i, b - 1:c - 1] = torch.tensor(response_logprobs[i], dtype=torch.float32)
-        token_response_mask[i, b:c] = (True if response_mask is None
-                                       else torch.tensor(response_mask[i], dtype=torch.bool))
+        everything = response_mask is None or 0 not in response_mask[i]  # a single turn: every token the model's
+        token_response_mask[i, b:c] = True if everything else torch.tensor(response_mask[i], dtype=torch.bool)
     return input_ids, attention_mask, token_response_mask, sampler_logprobs
 
 

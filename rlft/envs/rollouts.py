@@ -70,8 +70,9 @@ def play_rows(engine: RolloutEngine, environment: Environment, examples: Sequenc
                                        [ex.ground_truth for ex in examples], tokenizer)
     groups = run_episodes(engine, prompt_ids, starts, spec, tokenizer, environment, max_turns=max_turns,
                           max_episode_tokens=max_episode_tokens)
-    return [[RolloutRow(ex, start.render(tokenizer), ids, episode) for episode in group]
-            for ex, start, ids, group in zip(examples, starts, prompt_ids, groups)]
+    texts = [start.render(tokenizer) for start in starts]  # once per prompt, shared by its group's rows
+    return [[RolloutRow(ex, text, ids, episode) for episode in group]
+            for ex, text, ids, group in zip(examples, texts, prompt_ids, groups)]
 
 
 def episode_budget(multi_turn: bool, max_tokens: int, max_episode_tokens: int | None) -> int:
