@@ -575,3 +575,30 @@ def test_a_single_turn_rollout_is_one_engine_call_with_n_group_size_whose_comple
     assert [(row.text, row.finish_reason) for row in rows] == [(c.text, c.finish_reason) for c in direct]
     assert [row.response_mask for row in rows] == [[1] * len(c.token_ids) for c in direct]
     assert [row.prompt_ids for row in rows] == [prompts[0], prompts[0], prompts[1], prompts[1]]
+
+
+def test_a_single_turn_environment_of_its_own_gives_the_training_prompts(tokenizer):
+    """A registered single-turn environment is played, not passed over: its openings are the prompts the
+    engine receives, one call with n = group_size as the built-in one."""
+    from rlft.config import build_config
+    from rlft.envs.base import EpisodeStart, SingleTurnEnvironment
+    from rlft.envs.registry import ENVIRONMENTS, EnvironmentRecord, register_environment
+    from rlft.roles.generation import RolloutGenerator
+
+    class Bracketed(SingleTurnEnvironment):
+        def open(self, question, ground_truth):
+            return EpisodeStart(text=f"[{question}] =")
+
+    register_environment(EnvironmentRecord("_test_bracketed", Bracketed, multi_turn=False))
+    try:
+        cfg = build_config({"grpo": {"group_size": 2}, "optim": {"rollout_batch_size": 4},
+                            "environment": {"name": "_test_bracketed"}, "sampling": {"max_tokens": 4}})
+        engine = CallRecordingEngine(random_model(tokenizer, seed=4, std=0.05), dtype="float32", tokenizer=tokenizer)
+        engine.calls = []
+        rows = RolloutGenerator(cfg, engine, tokenizer).generate(rollout_examples(), seed=5)
+    finally:
+        del ENVIRONMENTS["_test_bracketed"]
+    [(prompts, spec)] = engine.calls
+    assert spec.n == 2 and prompts == [tokenizer(t)["input_ids"] for t in ("[3+4?] =", "[2+5?] =")]
+    assert [row.prompt for row in rows] == ["[3+4?] ="] * 2 + ["[2+5?] ="] * 2
+    assert [row.prompt_ids for row in rows] == [prompts[0]] * 2 + [prompts[1]] * 2

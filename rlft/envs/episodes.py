@@ -1,5 +1,5 @@
-"""Multi-turn episodes over any :class:`~rlft.engines.base.RolloutEngine`: the model's turns, the
-environment's answers appended as tokens, and what the trainer needs of the result.
+"""Episodes over any :class:`~rlft.engines.base.RolloutEngine`, every rollout's (single-turn ones too):
+the model's turns, the environment's answers appended as tokens, and what the trainer needs of the result.
 
     starts, prompt_ids = open_episodes(env, questions, ground_truths, tokenizer)
     groups = run_episodes(engine, prompt_ids, starts, spec, tokenizer, env,

@@ -30,8 +30,8 @@ A config whose ``environment.name`` is a multi-turn environment (e.g. ``calculat
 ``environment.evaluate_with_tools`` true) makes every answer an episode of it, as in training: the
 model may call the tool, its last turn is graded, and the summary adds the tool figures
 (``tool_call_rate``, ``tool_calls_per_episode``, ``tool_errors``, ``accuracy_with_tool``,
-``accuracy_without_tool``).  ``--environment NAME`` chooses one (``module:Class`` too), ``--no-tools``
-none.
+``accuracy_without_tool``).  ``--environment NAME`` chooses one (``module:Class`` too, a single-turn one
+included: its openings are the prompts), ``--no-tools`` the single-turn one (one answer, no tools).
 
 Bad input (a model or data path that does not exist, an unknown data source, an out-of-range
 option) prints one line on stderr and exits with status 2.
