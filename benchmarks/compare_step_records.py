@@ -3,8 +3,8 @@
     python benchmarks/compare_step_records.py --base a5a3055 [--head .] [--launches grpo,tools,sft,async,gspo]
                                               [--work /tmp/rlft-compare] [--json PATH]
 
-A revision is a commit (checked out with `git worktree add --detach` under WORK/revs/, once) or a
-directory holding a checkout (`.`, the default head: this one, uncommitted changes included).  Both run
+A revision is a commit (checked out with `git worktree add --detach` under WORK/revs/, once, and kept for
+the next comparison: `git worktree remove WORK/revs/SHA` when done) or a directory holding a checkout (`.`, the default head: this one, uncommitted changes included).  Both run
 every launch with the same models, data and overrides, each through its own `launch/train.sh` or
 `launch/sft.sh`; then every value of every step of OUT/steps.jsonl, and of every evaluation's
 summary.json and results.jsonl, is compared exactly (floats too), except what measures time or memory
