@@ -12,6 +12,25 @@ REPO = Path(__file__).resolve().parents[1]
 GSM8K_FIXTURE = REPO / "tests" / "fixtures" / "gsm8k"
 
 
+def rollout_rows(prompt_ids, response_ids, finish_reasons, *, texts=None, ground_truths=None, logprobs=None,
+                 response_masks=None, indices=None):
+    """Hand-made rollout rows (`rlft.envs.rollouts.RolloutRow`), one per response, from per-row lists."""
+    from rlft.data.examples import Example
+    from rlft.envs.episodes import EpisodeResult
+    from rlft.envs.rollouts import RolloutRow
+
+    n = len(response_ids)
+    texts, ground_truths = texts or ["r"] * n, ground_truths or ["1"] * n
+    logprobs, indices = logprobs or [None] * n, indices or [0] * n
+    masks = response_masks or [[1] * len(ids) for ids in response_ids]
+    return [RolloutRow(Example(question=f"q{indices[i]}", ground_truth=ground_truths[i], solution=None,
+                               source="test", index=indices[i]),
+                       "p", list(prompt_ids[i]),
+                       EpisodeResult(token_ids=list(response_ids[i]), response_mask=list(masks[i]), logprobs=logprobs[i],
+                                     text=texts[i], finish_reason=finish_reasons[i], num_turns=1))
+            for i in range(n)]
+
+
 def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list[str], *, steps: int = 100,
                         lr: float = 3e-3, seed: int = 0, output: str = " </think> <answer> {} </answer>",
                         head_on_outputs_only: bool = False, append_eos: bool = False,

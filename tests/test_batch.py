@@ -305,7 +305,7 @@ def test_inserted_tokens_of_an_episode_stay_in_context_but_out_of_the_response_m
     91, 92, inserted), the model's answer (12, 13); a second row is an ordinary single-turn response."""
     batch = build_rollout_batch([[5, 6], [7]], [[10, 11, 90, 91, 92, 12, 13], [20, 21]], pad_token_id=0,
                                 padding_side=padding_side, response_logprobs=[[-.1, -.2, 0, 0, 0, -.3, -.4], [-.5, -.6]],
-                                response_token_masks=[[1, 1, 0, 0, 0, 1, 1], [1, 1]])
+                                response_mask=[[1, 1, 0, 0, 0, 1, 1], [1, 1]])
     # Row 0's prompt is the longest and its response the longest: the same columns in either layout.
     assert batch.input_ids[0].tolist() == [5, 6, 10, 11, 90, 91, 92, 12, 13]
     assert batch.attention_mask[0].tolist() == [1] * 9
@@ -317,5 +317,5 @@ def test_inserted_tokens_of_an_episode_stay_in_context_but_out_of_the_response_m
 
 
 def test_a_token_mask_must_match_its_response():
-    with pytest.raises(ValueError, match=r"response_token_masks\[0\] has 2 values for 3 response tokens"):
-        build_rollout_batch([[1]], [[2, 3, 4]], pad_token_id=0, response_token_masks=[[1, 0]])
+    with pytest.raises(ValueError, match=r"response_mask\[0\] has 2 values for 3 response tokens"):
+        build_rollout_batch([[1]], [[2, 3, 4]], pad_token_id=0, response_mask=[[1, 0]])

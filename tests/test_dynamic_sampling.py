@@ -4,7 +4,7 @@ import torch
 
 from rlft.batching.dynamic_sampling import GroupPool, group_rows, informative_groups
 from rlft.batching.round_size import RoundSizer, most_prompts_per_round, prompts_for_keep_rate
-from rlft.roles.generation import Rollout
+from conftest import rollout_rows
 
 
 def test_informative_groups_flags_groups_whose_rewards_differ():
@@ -42,13 +42,14 @@ def test_pool_fills_with_earliest_zero_variance_groups_when_rounds_run_out():
 
 def test_selected_rows_follow_the_group_major_layout():
     assert group_rows([1, 3], 2) == [2, 3, 6, 7]
-    r = Rollout([0, 0, 1, 1], [[5], [5], [6], [6]], [[1], [2], [3], [4]], ["a", "b", "c", "d"],
-                ["7", "7", "8", "8"], ["stop"] * 4, ["p0", "p0", "p1", "p1"], [[-0.1], [-0.2], [-0.3], [-0.4]])
-    both = Rollout.empty().extend(r).extend(r.select([2, 3]))
-    assert both.responses == ["a", "b", "c", "d", "c", "d"]
-    picked = both.select(group_rows([0, 2], 2))
-    assert picked.responses == ["a", "b", "c", "d"] and picked.ground_truths == ["7", "7", "8", "8"]
-    assert picked.logprobs == [[-0.1], [-0.2], [-0.3], [-0.4]]
+    r = rollout_rows([[5], [5], [6], [6]], [[1], [2], [3], [4]], ["stop"] * 4, texts=["a", "b", "c", "d"],
+                     ground_truths=["7", "7", "8", "8"], logprobs=[[-0.1], [-0.2], [-0.3], [-0.4]], indices=[0, 0, 1, 1])
+    both = r + [r[2], r[3]]
+    assert [row.text for row in both] == ["a", "b", "c", "d", "c", "d"]
+    picked = [both[i] for i in group_rows([0, 2], 2)]
+    assert [row.text for row in picked] == ["a", "b", "c", "d"]
+    assert [row.example.ground_truth for row in picked] == ["7", "7", "8", "8"]
+    assert [row.logprobs for row in picked] == [[-0.1], [-0.2], [-0.3], [-0.4]]
 
 
 def test_auto_rounds_draw_for_the_missing_groups_at_the_keep_rate_with_two_deviations_of_margin():

@@ -8,7 +8,7 @@ import torch
 from rlft.config import build_config
 from rlft.grpo.losses import compute_policy_gradient_loss
 from rlft.grpo.reductions import aggregate_loss
-from rlft.roles.generation import Rollout
+from conftest import rollout_rows
 from rlft.roles.rollout import RolloutWorker
 
 EOS = 2  # also the pad id here, as with tokenizers that pad with eos
@@ -24,9 +24,7 @@ def worker(**grpo) -> RolloutWorker:
 
 
 # Prompt [7, 8]; the first response ended with eos after 3 tokens, the second was cut after 5.
-ROLLOUT = Rollout(example_indices=[0, 0], prompt_ids=[[7, 8], [7, 8]],
-                  response_ids=[[5, 6, EOS], [5, 6, 9, 9, 9]], responses=["a", "b"], ground_truths=["1", "1"],
-                  finish_reasons=["eos", "length"], prompts=["p", "p"], logprobs=[None, None])
+ROLLOUT = rollout_rows([[7, 8], [7, 8]], [[5, 6, EOS], [5, 6, 9, 9, 9]], ["eos", "length"], texts=["a", "b"])
 GRADES = [{"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0},
           {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0}]
 

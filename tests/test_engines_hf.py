@@ -198,14 +198,14 @@ def check_logprobs_only_where_read(engine, tokenizer):
     default = rollout_worker(engine, tokenizer)
     assert [s for s in range(1, 13) if default.wants_logprobs(s)] == [1, 11]
     plain = default.generator.generate(rollout_examples(), seed=5, logprobs=default.wants_logprobs(2))
-    assert len(plain.response_ids) == 4 and plain.logprobs == [None] * 4
+    assert len(plain) == 4 and [row.logprobs for row in plain] == [None] * 4
     grades = [{"reward": float(i % 2), "format_reward": 0.0, "answer_reward": 0.0} for i in range(4)]
     assert default.to_batch(plain, grades)[0].sampler_logprobs is None
     for worker, step in ((default, 1), (rollout_worker(engine, tokenizer, rollout_is="tis"), 2)):
         assert worker.wants_logprobs(step)
         measured = worker.generator.generate(rollout_examples(), seed=5, logprobs=True)
-        assert [len(lp) for lp in measured.logprobs] == [len(ids) for ids in measured.response_ids]
-        assert all(math.isfinite(x) and x <= 0 for lp in measured.logprobs for x in lp)
+        assert [len(row.logprobs) for row in measured] == [len(row.response_ids) for row in measured]
+        assert all(math.isfinite(x) and x <= 0 for row in measured for x in row.logprobs)
         batch, _ = worker.to_batch(measured, grades)
         assert batch.sampler_logprobs is not None and batch.sampler_logprobs.sum() < 0
 
@@ -545,3 +545,60 @@ def test_chain_model_logit_margin(tokenizer):
 def test_default_rollouts_ask_the_hf_engine_for_no_logprobs(tokenizer):
     engine = HFEngine(random_model(tokenizer, seed=4, std=0.05), dtype="float32", tokenizer=tokenizer)
     check_logprobs_only_where_read(engine, tokenizer)
+
+
+class CallRecordingEngine(HFEngine):
+    """The HF engine, recording the prompts and sampling of every generate call."""
+
+    calls: list
+
+    def generate(self, prompt_token_ids, spec):
+        self.calls.append(([list(p) for p in prompt_token_ids], spec))
+        return super().generate(prompt_token_ids, spec)
+
+
+def test_a_single_turn_rollout_is_one_engine_call_with_n_group_size_whose_completions_are_the_rows(tokenizer):
+    """The single-turn environment's episodes cost what plain sampling costs: one call, n = group_size,
+    the run's sampling as given; the rows are that call's completions, every token in the response mask."""
+    from rlft.engines.base import sampling_spec
+
+    engine = CallRecordingEngine(random_model(tokenizer, seed=4, std=0.05), dtype="float32", tokenizer=tokenizer)
+    engine.calls = []
+    worker = rollout_worker(engine, tokenizer)
+    rows = worker.generator.generate(rollout_examples(), seed=5, logprobs=True)
+    [(prompts, spec)] = engine.calls
+    assert spec == sampling_spec(worker.cfg.sampling, n=2, seed=5, logprobs=True)
+    assert prompts == worker.generator.prompt.encode(["3+4?", "2+5?"], tokenizer)
+    direct = [c for group in HFEngine.generate(engine, prompts, spec) for c in group]
+    assert [row.response_ids for row in rows] == [list(c.token_ids) for c in direct]
+    assert [row.logprobs for row in rows] == [list(c.logprobs) for c in direct]
+    assert [(row.text, row.finish_reason) for row in rows] == [(c.text, c.finish_reason) for c in direct]
+    assert [row.response_mask for row in rows] == [[1] * len(c.token_ids) for c in direct]
+    assert [row.prompt_ids for row in rows] == [prompts[0], prompts[0], prompts[1], prompts[1]]
+
+
+def test_a_single_turn_environment_of_its_own_gives_the_training_prompts(tokenizer):
+    """A registered single-turn environment is played, not passed over: its openings are the prompts the
+    engine receives, one call with n = group_size as the built-in one."""
+    from rlft.config import build_config
+    from rlft.envs.base import EpisodeStart, SingleTurnEnvironment
+    from rlft.envs.registry import ENVIRONMENTS, EnvironmentRecord, register_environment
+    from rlft.roles.generation import RolloutGenerator
+
+    class Bracketed(SingleTurnEnvironment):
+        def open(self, question, ground_truth):
+            return EpisodeStart(text=f"[{question}] =")
+
+    register_environment(EnvironmentRecord("_test_bracketed", Bracketed, multi_turn=False))
+    try:
+        cfg = build_config({"grpo": {"group_size": 2}, "optim": {"rollout_batch_size": 4},
+                            "environment": {"name": "_test_bracketed"}, "sampling": {"max_tokens": 4}})
+        engine = CallRecordingEngine(random_model(tokenizer, seed=4, std=0.05), dtype="float32", tokenizer=tokenizer)
+        engine.calls = []
+        rows = RolloutGenerator(cfg, engine, tokenizer).generate(rollout_examples(), seed=5)
+    finally:
+        del ENVIRONMENTS["_test_bracketed"]
+    [(prompts, spec)] = engine.calls
+    assert spec.n == 2 and prompts == [tokenizer(t)["input_ids"] for t in ("[3+4?] =", "[2+5?] =")]
+    assert [row.prompt for row in rows] == ["[3+4?] ="] * 2 + ["[2+5?] ="] * 2
+    assert [row.prompt_ids for row in rows] == [prompts[0]] * 2 + [prompts[1]] * 2

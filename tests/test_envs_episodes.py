@@ -148,7 +148,7 @@ def test_the_episodes_tokens_are_the_templates_rendering_of_the_conversation(tok
     # ends the last turn with "<|im_end|>\n"; the episode ends at the model's <|im_end|>).
     full = tok.apply_chat_template([*starts[0].messages, *r.messages], tools=[CALCULATOR_TOOL], tokenize=False)
     assert prompt_ids[0] + r.token_ids + ids_of(tok, "\n") == ids_of(tok, full)
-    assert r.transcript == tok.decode(r.token_ids) and r.transcript.endswith("\\boxed{27}.<|im_end|>")
+    assert r.transcript(tok) == tok.decode(r.token_ids) and r.transcript(tok).endswith("\\boxed{27}.<|im_end|>")
     assert full.count("<tool_response>") == len(tool_contents)
 
 
@@ -162,7 +162,7 @@ def test_masks_and_logprobs_against_the_hand_built_episode(tok):
     g2 = ids_of(tok, "<|im_end|>\n<|im_start|>user\n<tool_response>\n27\n</tool_response><|im_end|>\n"
                      "<|im_start|>assistant\n")
     assert r.token_ids == t1 + g1 + t2 + g2 + t3
-    assert r.model_mask == [1] * len(t1) + [0] * len(g1) + [1] * len(t2) + [0] * len(g2) + [1] * len(t3)
+    assert r.response_mask == [1] * len(t1) + [0] * len(g1) + [1] * len(t2) + [0] * len(g2) + [1] * len(t3)
     assert r.logprobs == ([fake_logprob(t) for t in t1] + [0.0] * len(g1) + [fake_logprob(t) for t in t2]
                           + [0.0] * len(g2) + [fake_logprob(t) for t in t3])
     assert r.model_tokens == len(t1) + len(t2) + len(t3)
@@ -183,18 +183,18 @@ def test_the_batchs_response_mask_keeps_only_the_models_tokens(tok, padding_side
                                 padding_side=padding_side, response_logprobs=[r.logprobs for r in results])
     batch = build_rollout_batch(prompt_ids, [r.token_ids for r in results], pad_token_id=tok.pad_token_id,
                                 padding_side=padding_side, response_logprobs=[r.logprobs for r in results],
-                                response_token_masks=[r.model_mask for r in results])
+                                response_mask=[r.response_mask for r in results])
     assert torch.equal(batch.response_mask, plain.response_mask * batch.response_mask)  # only ever removes
     for row, r in enumerate(results):
         cols = batch.response_mask[row].nonzero().squeeze(-1)
-        assert batch.input_ids[row, cols + 1].tolist() == [t for t, m in zip(r.token_ids, r.model_mask) if m]
-        sampled = [lp for lp, m in zip(r.logprobs, r.model_mask) if m]
+        assert batch.input_ids[row, cols + 1].tolist() == [t for t, m in zip(r.token_ids, r.response_mask) if m]
+        sampled = [lp for lp, m in zip(r.logprobs, r.response_mask) if m]
         assert batch.sampler_logprobs[row, cols].tolist() == pytest.approx(sampled)
     assert batch.response_mask.sum().item() == sum(r.model_tokens for r in results)
     assert results[1].model_tokens < len(results[1].token_ids)
-    with pytest.raises(ValueError, match="response_token_masks\\[1\\] has 3 values"):
+    with pytest.raises(ValueError, match="response_mask\\[1\\] has 3 values"):
         build_rollout_batch(prompt_ids, [r.token_ids for r in results], pad_token_id=tok.pad_token_id,
-                            response_token_masks=[results[0].model_mask, [1, 1, 1]])
+                            response_mask=[results[0].response_mask, [1, 1, 1]])
 
 
 def test_one_engine_call_per_turn_group_first_then_one_completion_per_episode(tok):
@@ -258,10 +258,10 @@ def test_max_turns_ends_with_a_tool_call_unanswered(tok):
     r = groups[0][0]
     assert (r.num_turns, r.finish_reason, r.tool_calls) == (2, "max_turns", 2)
     assert [m["role"] for m in r.messages] == ["assistant", "tool", "assistant"]
-    assert r.model_mask[-1] == 1 and r.text.startswith("Round 1: <tool_call>")
+    assert r.response_mask[-1] == 1 and r.text.startswith("Round 1: <tool_call>")
     assert r.token_ids[-1] == tok.convert_tokens_to_ids("</tool_call>")
     once = run(tok, ScriptedEngine(tok, always_calls), max_turns=1)[2][0][0]
-    assert (once.num_turns, once.finish_reason, once.model_mask) == (1, "max_turns", [1] * len(once.token_ids))
+    assert (once.num_turns, once.finish_reason, once.response_mask) == (1, "max_turns", [1] * len(once.token_ids))
 
 
 def test_the_episodes_token_budget(tok):
@@ -271,7 +271,7 @@ def test_the_episodes_token_budget(tok):
     # The reply does not fit (with room for one more token): the episode ends after turn 1.
     budget = turn1[0] + reply
     r = run(tok, ScriptedEngine(tok, always_calls), max_episode_tokens=budget)[2][0][0]
-    assert (r.num_turns, r.finish_reason, r.model_mask) == (1, "max_tokens", [1] * turn1[0])
+    assert (r.num_turns, r.finish_reason, r.response_mask) == (1, "max_tokens", [1] * turn1[0])
 
     # Turn 2 gets what is left, and is cut there.
     budget = turn1[0] + reply + 5
@@ -321,10 +321,12 @@ def test_a_text_prompt_episode_cannot_take_a_second_turn(tok):
         run(tok, ScriptedEngine(tok, lambda p, j: "a<|im_end|>"), env=TextEnv(PROMPT))
 
 
-def test_metrics_and_samples():
+def test_metrics_and_samples(tok):
+    [x] = tok("x", add_special_tokens=False)["input_ids"]
+
     def episode(turns, calls, errors, reason, tokens, model):
-        return EpisodeResult(token_ids=[0] * tokens, model_mask=[1] * model + [0] * (tokens - model), num_turns=turns,
-                             tool_calls=calls, tool_errors=errors, finish_reason=reason, transcript="x" * 50)
+        return EpisodeResult(token_ids=[x] * tokens, response_mask=[1] * model + [0] * (tokens - model), num_turns=turns,
+                             tool_calls=calls, tool_errors=errors, finish_reason=reason)
 
     results = [episode(1, 0, 0, "eos", 10, 10), episode(3, 2, 1, "eos", 40, 30), episode(4, 4, 0, "max_turns", 50, 40)]
     m = episode_metrics(results, correct=[1.0, 0.0, 1.0])
@@ -336,4 +338,6 @@ def test_metrics_and_samples():
     assert m["episodes/finish/eos"] == pytest.approx(2 / 3) and m["episodes/finish/max_turns"] == pytest.approx(1 / 3)
     assert m["episodes/finish/length"] == 0.0
     assert "episodes/accuracy_without_tool" not in episode_metrics(results[1:], correct=[0.0, 1.0])
-    assert episode_sample(results[1], max_chars=20)["transcript"] == "x" * 10 + "\n[... 30 characters ...]\n" + "x" * 10
+    # The transcript is decoded when a sample is logged: 40 "x" tokens, cut to 20 characters in the middle.
+    assert episode_sample(results[1], tok, max_chars=20)["transcript"] == "x" * 10 + "\n[... 20 characters ...]\n" + "x" * 10
+    assert episode_sample(results[0], tok)["transcript"] == "x" * 10

@@ -191,5 +191,5 @@ def test_an_sft_target_is_tokenised_as_the_episode_it_describes(taught, engine):
         target = "".join(f"{turn}\n<tool_response>\n{reply}\n</tool_response>\n"
                          for turn, reply in zip(episode.turns, replies)) + episode.turns[-1]
         ids, mask = target_token_ids(tok, start, target)
-        assert (ids + [tok.eos_token_id], mask + [1]) == (episode.token_ids, episode.model_mask), target
+        assert (ids + [tok.eos_token_id], mask + [1]) == (episode.token_ids, episode.response_mask), target
     assert sum(len(e.turns) > 1 for [e] in played) == 3  # three of them called the tool

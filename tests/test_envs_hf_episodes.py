@@ -53,7 +53,7 @@ def test_single_turn_episodes_are_the_engines_completions(engine, tok):
         for r, c in zip(group, completions, strict=True):
             assert r.token_ids == c.token_ids and r.logprobs == c.logprobs
             assert (r.text, r.finish_reason) == (c.text, c.finish_reason)
-            assert r.model_mask == [1] * len(c.token_ids) and r.num_turns == 1 and r.tool_calls == 0
+            assert r.response_mask == [1] * len(c.token_ids) and r.num_turns == 1 and r.tool_calls == 0
     assert len({tuple(r.token_ids) for g in groups for r in g}) == 4  # sampled: the four differ
 
 
@@ -79,14 +79,14 @@ def test_two_turn_logprobs_are_the_logprobs_of_the_episode_as_one_sequence(engin
     reply = reply_token_ids(tok, starts[0].messages, None, [{"role": "tool", "content": "42"}])
     for r in results:
         assert r.num_turns == 2 and r.finish_reason in ("length", "eos")
-        inserted = [t for t, m in zip(r.token_ids, r.model_mask) if not m]
-        turn1_end = r.model_mask.index(0) - 1
+        inserted = [t for t, m in zip(r.token_ids, r.response_mask) if not m]
+        turn1_end = r.response_mask.index(0) - 1
         closed = r.token_ids[turn1_end] == tok.eos_token_id  # a turn that ended on eos closed itself
         assert inserted == reply[1:] if closed else inserted == reply
     # The trainer's view: prompt + episode as one sequence, the response mask on the model's tokens only.
     batch = build_rollout_batch([prompt_ids[i // 2] for i in range(4)], [r.token_ids for r in results],
                                 pad_token_id=tok.pad_token_id, response_logprobs=[r.logprobs for r in results],
-                                response_token_masks=[r.model_mask for r in results])
+                                response_mask=[r.response_mask for r in results])
     with torch.no_grad():
         policy = sequence_logprobs(engine.model, batch.input_ids, batch.attention_mask)
     mask = batch.response_mask.bool()
@@ -98,12 +98,12 @@ def test_two_turn_logprobs_are_the_logprobs_of_the_episode_as_one_sequence(engin
     assert (policy[inserted] < -1).float().mean() > 0.9
 
 
-def teach(model, prompt_ids: list[int], response: list[int], model_mask: list[int], steps: int = 150) -> int:
+def teach(model, prompt_ids: list[int], response: list[int], response_mask: list[int], steps: int = 150) -> int:
     """Fit ``model`` (in place) to produce ``response``'s model tokens after ``prompt_ids`` + the tokens before
     them, until greedy decoding reproduces each one with a logit margin of 0.5 (teacher-forced); the number
     of steps taken.  Only the layers and the head's rows of the tokens seen plus 4096 others are trained (the
     embeddings stay), which keeps a step cheap with a 151k vocabulary."""
-    batch = build_rollout_batch([prompt_ids], [response], pad_token_id=0, response_token_masks=[model_mask])
+    batch = build_rollout_batch([prompt_ids], [response], pad_token_id=0, response_mask=[response_mask])
     at, targets = batch.response_mask.bool(), batch.input_ids[:, 1:][batch.response_mask.bool()]
     generator = torch.Generator().manual_seed(0)
     rows = torch.unique(torch.cat([batch.input_ids.flatten(),
@@ -148,13 +148,13 @@ def test_a_model_that_learnt_an_episode_calls_the_calculator_on_the_hf_engine(mo
     [[r]] = run_episodes(engine, prompt_ids, starts, spec, tok, env, max_turns=3, max_episode_tokens=200)
     # Turn 1 stopped at </tool_call> (the environment's stop string), the calculator's result went in
     # as the template's tokens, and turn 2 answered.
-    assert r.transcript == ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "48 / 2 + 3"}}\n'
-                            "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n27\n</tool_response>"
-                            "<|im_end|>\n<|im_start|>assistant\n\\boxed{27}<|im_end|>")
+    assert r.transcript(tok) == ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "48 / 2 + 3"}}\n'
+                                 "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n27\n</tool_response>"
+                                 "<|im_end|>\n<|im_start|>assistant\n\\boxed{27}<|im_end|>")
     assert r.token_ids == turn1 + reply + turn2
-    assert r.model_mask == [1] * len(turn1) + [0] * len(reply) + [1] * len(turn2)
+    assert r.response_mask == [1] * len(turn1) + [0] * len(reply) + [1] * len(turn2)
     assert (r.num_turns, r.tool_calls, r.tool_errors, r.finish_reason) == (2, 1, 0, "eos")
     assert r.messages[1] == {"role": "tool", "name": "calculator", "content": "27"}
     assert get_answer_format("boxed").split(r.text) == (True, "27")
-    assert all(lp == 0.0 for lp, m in zip(r.logprobs, r.model_mask) if not m)
-    assert all(lp < 0.0 for lp, m in zip(r.logprobs, r.model_mask) if m)
+    assert all(lp == 0.0 for lp, m in zip(r.logprobs, r.response_mask) if not m)
+    assert all(lp < 0.0 for lp, m in zip(r.logprobs, r.response_mask) if m)

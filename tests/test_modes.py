@@ -220,7 +220,7 @@ def overlong_worker(**grpo):
 
 def test_a_registered_overlong_mode_changes_rewards_and_masks_rows_as_its_record_says():
     from rlft.batching.overlong import OVERLONG_FUNCTIONS, OverlongOutcome, register_overlong_mode, truncated_rows
-    from rlft.roles.generation import Rollout
+    from conftest import rollout_rows
 
     @register_overlong_mode("_test_step_penalty", changes_rewards=True, masks_rows=True,
                             uses=("overlong_buffer", "overlong_penalty"))
@@ -232,10 +232,8 @@ def test_a_registered_overlong_mode_changes_rewards_and_masks_rows_as_its_record
                                metrics={"overlong/stepped": float((change < 0).sum())})
 
     lengths = [5, 6, 8, 10]  # the last cut by max_tokens = 10
-    rollout = Rollout(example_indices=[0] * 4, prompt_ids=[[7, 8]] * 4,
-                      response_ids=[[3 + i] * n for i, n in enumerate(lengths)], responses=["r"] * 4,
-                      ground_truths=["1"] * 4, finish_reasons=["stop", "eos", "stop", "length"], prompts=["p"] * 4,
-                      logprobs=[[-0.5] * n for n in lengths])
+    rollout = rollout_rows([[7, 8]] * 4, [[3 + i] * n for i, n in enumerate(lengths)],
+                           ["stop", "eos", "stop", "length"], logprobs=[[-0.5] * n for n in lengths])
     grades = [{"reward": r, "format_reward": 1.0, "answer_reward": r} for r in (1.0, 0.0, 1.0, 1.0)]
     with registered(OVERLONG_FUNCTIONS, "_test_step_penalty"):
         w = overlong_worker(overlong="_test_step_penalty", overlong_buffer=4, overlong_penalty=0.5)

@@ -7,7 +7,7 @@ import torch
 
 from rlft.config import build_config
 from rlft.batching.overlong import soft_overlong_penalty, truncated_rows
-from rlft.roles.generation import Rollout
+from conftest import rollout_rows
 from rlft.roles.rollout import RolloutWorker
 
 PAD, BOS, EOS = 0, 1, 2
@@ -33,7 +33,8 @@ def test_truncated_rows_are_the_length_finishes():
 
 def worker(environment: dict | None = None, **grpo) -> RolloutWorker:
     """The rollout role's batch-building half, without an engine, data or grader."""
-    cfg = build_config({"grpo": {"group_size": 4, **grpo}, "sampling": {"max_tokens": 10},
+    chat = {"prompt_template": "chat"} if (environment or {}).get("name") else {}  # tools need a chat prompt
+    cfg = build_config({"grpo": {"group_size": 4, **grpo}, "sampling": {"max_tokens": 10}, "data": chat,
                         "optim": {"rollout_batch_size": 4}, "environment": environment or {}})
     w = RolloutWorker.__new__(RolloutWorker)
     w.cfg, w.group_size = cfg, 4
@@ -43,10 +44,8 @@ def worker(environment: dict | None = None, **grpo) -> RolloutWorker:
 
 # One group: responses of 5, 6, 8 and 10 tokens (the last cut by max_tokens = 10), rewards 1, 0, 1, 1.
 LENGTHS = [5, 6, 8, 10]
-ROLLOUT = Rollout(
-    example_indices=[0] * 4, prompt_ids=[[7, 8]] * 4, response_ids=[[3 + i] * n for i, n in enumerate(LENGTHS)],
-    responses=["r"] * 4, ground_truths=["1"] * 4, finish_reasons=["stop", "eos", "stop", "length"],
-    prompts=["p"] * 4, logprobs=[[-0.5] * n for n in LENGTHS])
+ROLLOUT = rollout_rows([[7, 8]] * 4, [[3 + i] * n for i, n in enumerate(LENGTHS)], ["stop", "eos", "stop", "length"],
+                       logprobs=[[-0.5] * n for n in LENGTHS])
 GRADES = [{"reward": r, "format_reward": 1.0, "answer_reward": r} for r in (1.0, 0.0, 1.0, 1.0)]
 
 
@@ -69,19 +68,19 @@ def test_soft_penalty_changes_rewards_before_group_normalisation():
 
 
 def test_an_episodes_soft_penalty_counts_against_the_episodes_budget():
-    from rlft.envs.episodes import EpisodeResult
-
     # Turns of at most 10 tokens, episodes of at most 20 (tool replies included), buffer 4: the penalty
     # starts after 16 of the episode's tokens, not after 6.
-    w = worker({"max_episode_tokens": 20}, overlong="soft_penalty", overlong_buffer=4, overlong_penalty=1.0)
+    w = worker({"name": "calculator", "max_episode_tokens": 20}, overlong="soft_penalty", overlong_buffer=4,
+               overlong_penalty=1.0)
     lengths = [5, 16, 18, 20]
-    episodes = Rollout(example_indices=[0] * 4, prompt_ids=[[7, 8]] * 4, response_ids=[[3] * n for n in lengths],
-                       responses=["r"] * 4, ground_truths=["1"] * 4, finish_reasons=["eos"] * 3 + ["length"],
-                       prompts=["p"] * 4, logprobs=[None] * 4, model_masks=[[1] * n for n in lengths],
-                       episodes=[EpisodeResult(token_ids=[3] * n) for n in lengths])
+    episodes = rollout_rows([[7, 8]] * 4, [[3] * n for n in lengths], ["eos"] * 3 + ["max_tokens"],
+                            response_masks=[[1] * 5] + [[1] * 4 + [0] * (n - 4) for n in lengths[1:]])
     assert w.overlong(episodes).reward_change.tolist() == [0.0, 0.0, -0.5, -1.0]
-    # Single-turn responses keep sampling.max_tokens as their limit.
-    assert w.overlong(ROLLOUT).reward_change.tolist() == [0.0, 0.0, -0.5, -1.0]
+    # An episode cut by its budget counts as cut by max_tokens.
+    assert [row.finish_reason for row in episodes] == ["eos"] * 3 + ["length"]
+    # A single turn's budget stays sampling.max_tokens: max_episode_tokens caps a multi-turn environment's.
+    single = worker({"max_episode_tokens": 20}, overlong="soft_penalty", overlong_buffer=4, overlong_penalty=1.0)
+    assert single.overlong(ROLLOUT).reward_change.tolist() == [0.0, 0.0, -0.5, -1.0]
 
 
 def test_filter_masks_exactly_the_truncated_responses():

@@ -71,8 +71,7 @@ def test_build_sft_data_keeps_fitting_pairs_and_counts_the_rest(tokenizer):
 
     tighter = build_sft_data(examples, tokenizer, max_seq_len=n0 - 1)
     assert len(tighter) == 0 and tighter.skipped == {SKIP_NO_SOLUTION: 2, SKIP_TOO_LONG: 2}
-    # Chunked tokenisation gives the same result as one chunk.
-    assert build_sft_data(examples * 3, tokenizer, max_seq_len=n0, chunk_size=2).num_tokens == [n0] * 3
+    assert build_sft_data(examples * 3, tokenizer, max_seq_len=n0).num_tokens == [n0] * 3
 
 
 def test_sft_batch_masks_exactly_the_target_tokens(tokenizer):

@@ -99,7 +99,7 @@ def test_sft_with_the_calculator_trains_the_turns_not_the_replies(tmp_path, tok,
     # The prompts are the environment's: the calculator is offered.
     assert all('"name": "calculator"' in p for p in data.prompts)
     batch = sft_batch(data, [0, 1], tok, end_with_eos=True)
-    (p0, ids0, mask0), (p1, ids1, mask1) = data.token_rows
+    (ids0, mask0), (ids1, mask1) = [(row.response_ids, row.response_mask) for row in data.rows]
     assert mask1 == [1] * len(ids1) and ids1[-1] == tok.eos_token_id  # no tool: every target token
     assert mask0.count(0) == len(ids0) - sum(mask0) > 0 and ids0[-1] == tok.eos_token_id
     # The loss reads exactly the model's tokens: label column t is 1 where token t + 1 is one of them.
@@ -115,7 +115,8 @@ def test_sft_without_an_environment_leaves_out_rows_with_tool_replies(tmp_path, 
     rows = [("Natalia sold 48 clips in April and half as many in May. How many in all?", SOLUTION),
             ("What is 3 plus 4?", "3 + 4 = 7\n#### 7")]
     data = sft_rows(tmp_path, tok, None, rows)
-    assert len(data) == 1 and data.skipped == {"tool_replies": 1} and data.token_rows is None
+    assert len(data) == 1 and data.skipped == {"tool_replies": 1} and data.rows[0].response_mask == [1] * len(
+        data.rows[0].response_ids)
 
 
 def test_the_sft_feeder_takes_the_runs_environment(tmp_path, tok):
@@ -131,9 +132,9 @@ def test_the_sft_feeder_takes_the_runs_environment(tmp_path, tok):
                  "optim.train_micro_batch_size=2", "sft.max_seq_len=4096"]
     with_tools = SFTFeeder(load_config(None, [*overrides, "environment.name=calculator"]), tok)
     batch = with_tools.next_batch()
-    masks = sorted(sum(m) for _, _, m in with_tools.data.token_rows)
+    masks = sorted(sum(row.response_mask) for row in with_tools.data.rows)
     assert sorted(batch.response_mask.sum(-1).tolist()) == masks
-    assert sum(len(ids) for _, ids, _ in with_tools.data.token_rows) > sum(masks)  # the replies are left out
+    assert sum(len(row.response_ids) for row in with_tools.data.rows) > sum(masks)  # the replies are left out
     # The run without the calculator leaves out the row whose solution holds a tool's reply.
     plain = SFTFeeder(load_config(None, [*overrides, "sft.batch_size=1", "optim.train_micro_batch_size=1"]), tok)
     assert len(plain.data) == 1 and plain.data.skipped == {"tool_replies": 1}

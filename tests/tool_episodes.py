@@ -28,7 +28,7 @@ def tiny_tool_model(root: Path, num_layers: int = 2, seed: int = 0) -> str:
 
 
 def script_episode(env, tok, question: str, turns: list[str], ground_truth: str = "0"):
-    """``(prompt_ids, response_ids, model_mask)`` of an episode of ``env`` on ``question`` in which the
+    """``(prompt_ids, response_ids, response_mask)`` of an episode of ``env`` on ``question`` in which the
     model writes ``turns`` (the environment answers every turn but the last)."""
     from rlft.envs.episodes import reply_token_ids
 
@@ -68,7 +68,7 @@ def teach_episodes(model_dir: str, rows: list[tuple], *, steps: int = 150, lr: f
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     batch = build_rollout_batch([r[0] for r in rows], [r[1] for r in rows], pad_token_id=tok.pad_token_id,
-                                response_token_masks=[r[2] for r in rows])
+                                response_mask=[r[2] for r in rows])
     mask = batch.response_mask * torch.tensor(weights or [1.0] * len(rows), dtype=torch.float32)[:, None]
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     for _ in range(steps):

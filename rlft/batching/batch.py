@@ -191,7 +191,7 @@ def build_rollout_batch(
     padding_side: str = "right",
     pad_to_multiple_of: Optional[int] = None,
     response_logprobs: Optional[Sequence[Sequence[float]]] = None,
-    response_token_masks: Optional[Sequence[Sequence[int]]] = None,
+    response_mask: Optional[Sequence[Sequence[int]]] = None,
 ) -> RolloutBatch:
     """Pad prompt + response token ids into one batch with a response mask.
 
@@ -205,10 +205,11 @@ def build_rollout_batch(
         pad_to_multiple_of: round T up to a multiple of this (extra padding goes on the right).
         response_logprobs: B lists, one log-prob per response token (the sampler's); they become
             ``sampler_logprobs`` at the labels that score those tokens, 0 elsewhere.
-        response_token_masks: B lists, one 0/1 per response token: 1 where the model wrote the
-            token, 0 where it was inserted (a tool's result and the chat template's turn markers in a
-            multi-turn episode).  Inserted tokens stay in the sequence, so later tokens are scored
-            with them in context, but never in the response mask.  None: every token is the model's.
+        response_mask: B lists, one 0/1 per response token (an episode's ``response_mask``): 1 where
+            the model wrote the token, 0 where it was inserted (a tool's result and the chat template's
+            turn markers in a multi-turn episode).  Inserted tokens stay in the sequence, so later
+            tokens are scored with them in context, but never in the batch's (label-aligned)
+            ``response_mask``.  None: every token is the model's.
 
     Returns:
         A :class:`RolloutBatch` (its optional training inputs None, but ``sampler_logprobs`` when
@@ -217,15 +218,15 @@ def build_rollout_batch(
     """
     if padding_side not in ("right", "left"):
         raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
-    prompts, responses = _checked_rows(prompt_ids, response_ids, response_logprobs, response_token_masks)
+    prompts, responses = _checked_rows(prompt_ids, response_ids, response_logprobs, response_mask)
     p_len, r_len = [len(p) for p in prompts], [len(r) for r in responses]
     layout = _layout(p_len, r_len, padding_side, pad_to_multiple_of)
-    input_ids, attention_mask, is_response, sampler_logprobs = _fill_rows(
-        prompts, responses, layout, pad_token_id, response_logprobs, response_token_masks)
+    input_ids, attention_mask, token_response_mask, sampler_logprobs = _fill_rows(
+        prompts, responses, layout, pad_token_id, response_logprobs, response_mask)
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        response_mask=_response_mask(is_response, attention_mask, input_ids, (eos_token_id, bos_token_id)),
+        response_mask=_response_mask(token_response_mask, attention_mask, input_ids, (eos_token_id, bos_token_id)),
         prompt_lengths=torch.tensor(p_len, dtype=torch.long),
         response_lengths=torch.tensor(r_len, dtype=torch.long),
         sampler_logprobs=sampler_logprobs,
@@ -233,17 +234,17 @@ def build_rollout_batch(
 
 
 def _fill_rows(prompts: list[list[int]], responses: list[list[int]], layout: tuple[list[int], list[int], int],
-               pad_token_id: int, response_logprobs, response_token_masks
+               pad_token_id: int, response_logprobs, response_mask
                ) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
     """Write each row's prompt and response into the batch's tensors at the places ``layout``
-    (:func:`_layout`) gives: ``(input_ids, attention_mask, is_response, sampler_logprobs)``, where
-    ``is_response [B, T]`` marks the token positions (not labels) of the model's response tokens
-    and ``sampler_logprobs`` is None without ``response_logprobs``."""
+    (:func:`_layout`) gives: ``(input_ids, attention_mask, token_response_mask, sampler_logprobs)``,
+    where ``token_response_mask [B, T]`` marks the token positions (not labels) of the model's response
+    tokens and ``sampler_logprobs`` is None without ``response_logprobs``."""
     prompt_start, response_start, width = layout
     batch = len(prompts)
     input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((batch, width), dtype=torch.long)
-    is_response = torch.zeros((batch, width), dtype=torch.bool)  # token positions, not labels
+    token_response_mask = torch.zeros((batch, width), dtype=torch.bool)  # token positions, not labels
     sampler_logprobs = None if response_logprobs is None else torch.zeros((batch, width - 1))
     for i in range(batch):
         r_len = len(responses[i])
@@ -255,17 +256,17 @@ def _fill_rows(prompts: list[list[int]], responses: list[list[int]], layout: tup
         input_ids[i, b:c] = torch.tensor(responses[i], dtype=torch.long)
         if sampler_logprobs is not None:  # token t is scored by label column t - 1
             sampler_logprobs[i, b - 1:c - 1] = torch.tensor(response_logprobs[i], dtype=torch.float32)
-        is_response[i, b:c] = (True if response_token_masks is None
-                               else torch.tensor(response_token_masks[i], dtype=torch.bool))
-    return input_ids, attention_mask, is_response, sampler_logprobs
+        everything = response_mask is None or 0 not in response_mask[i]  # a single turn: every token the model's
+        token_response_mask[i, b:c] = True if everything else torch.tensor(response_mask[i], dtype=torch.bool)
+    return input_ids, attention_mask, token_response_mask, sampler_logprobs
 
 
-def _response_mask(is_response: Tensor, attention_mask: Tensor, input_ids: Tensor,
+def _response_mask(token_response_mask: Tensor, attention_mask: Tensor, input_ids: Tensor,
                    excluded_ids: Sequence[Optional[int]]) -> Tensor:
     """The label-aligned ``[B, T-1]`` float response mask: response token positions that the
     attention mask keeps and whose id is none of ``excluded_ids`` (None entries exclude nothing)."""
     # Padding is whatever the attention mask leaves out, whatever its id (pad may equal eos).
-    keep = is_response & attention_mask.bool()
+    keep = token_response_mask & attention_mask.bool()
     for special in excluded_ids:
         if special is not None:
             keep &= input_ids != special
@@ -273,7 +274,7 @@ def _response_mask(is_response: Tensor, attention_mask: Tensor, input_ids: Tenso
     return keep[:, 1:].float()
 
 
-def _checked_rows(prompt_ids, response_ids, response_logprobs, response_token_masks):
+def _checked_rows(prompt_ids, response_ids, response_logprobs, response_mask):
     """The prompts and responses as lists of ints, once every per-row input pairs up with them."""
     if len(prompt_ids) != len(response_ids):
         raise ValueError(
@@ -286,7 +287,7 @@ def _checked_rows(prompt_ids, response_ids, response_logprobs, response_token_ma
     for i, p in enumerate(prompts):
         if not p:
             raise ValueError(f"prompt_ids[{i}] is empty; every prompt needs at least one token")
-    for name, per_token in (("response_logprobs", response_logprobs), ("response_token_masks", response_token_masks)):
+    for name, per_token in (("response_logprobs", response_logprobs), ("response_mask", response_mask)):
         if per_token is None:
             continue
         if len(per_token) != len(responses):

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     records = []
     for step, texts in enumerate(step_prompts([p["prompt"] for p in spec["prompts"]], spec["steps"]), start=1):
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in tokenizer(texts)["input_ids"]]
-        # Seeded per prompt as rlft's sampler seeds its requests (rlft.roles.rollout.RolloutWorker.collect).
+        # Seeded per prompt as rlft's sampler seeds its requests (rlft.roles.rollout.RolloutWorker.sample_round).
         base = spec["seed"] * 1_000_003 + step
         per_prompt = [params(base + i * n) for i in range(len(prompts))]
         t0 = time.perf_counter()

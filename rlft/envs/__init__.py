@@ -8,9 +8,11 @@
     calculator.py  exact, bounded arithmetic on Python's ast (never eval), the calculator tool and
                    CalculatorEnvironment
     tool_calls.py  reading <tool_call>{json}</tool_call> calls out of a turn
-    episodes.py    run_episodes, the multi-turn rollout over any engine: tokens, model masks, log-probs,
-                   caps (EpisodeResult); the batch takes the masks (build_rollout_batch's
-                   response_token_masks), so the loss sees only the model's tokens
+    episodes.py    run_episodes, every rollout over any engine (one turn or several): tokens, response
+                   masks, log-probs, caps (EpisodeResult); the batch takes the masks (build_rollout_batch's
+                   response_mask), so the loss sees only the model's tokens
+    rollouts.py    RolloutRow (example, prompt, episode) and play_rows: the one row training,
+                   evaluation and SFT targets read
     metrics.py     per-step metrics and readable samples of episodes
     sft_targets.py SFT targets holding tool calls and <tool_response> replies, tokenised as the episode
                    they describe (the replies as the chat template's tokens, out of the loss)

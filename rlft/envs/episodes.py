@@ -1,5 +1,5 @@
-"""Multi-turn episodes over any :class:`~rlft.engines.base.RolloutEngine`: the model's turns, the
-environment's answers appended as tokens, and what the trainer needs of the result.
+"""Episodes over any :class:`~rlft.engines.base.RolloutEngine`, every rollout's (single-turn ones too):
+the model's turns, the environment's answers appended as tokens, and what the trainer needs of the result.
 
     starts, prompt_ids = open_episodes(env, questions, ground_truths, tokenizer)
     groups = run_episodes(engine, prompt_ids, starts, spec, tokenizer, env,
@@ -17,9 +17,12 @@ the template writes after it: the end of the assistant turn (``<|im_end|>``), th
 the next generation prompt (``<|im_start|>assistant\\n``), exactly as the template writes them.  The
 model's own tokens are never re-tokenised.
 
-:class:`EpisodeResult`: ``token_ids`` (everything after the prompt), ``model_mask`` (1 on the
-tokens the model sampled, 0 on inserted ones), ``logprobs`` (the engine's for sampled tokens, 0.0 for
-inserted ones), the last turn's ``text`` (graded), and what the logs read.
+:class:`EpisodeResult`: ``token_ids`` (everything after the prompt), ``response_mask`` (1 on the
+tokens the model sampled, 0 on inserted ones: the mask the loss reads, under that name from here to
+the batch), ``logprobs`` (the engine's for sampled tokens, 0.0 for inserted ones), the last turn's
+``text`` (graded), and what the logs read.  A single-turn environment's episode is one completion of
+turn 1's single engine call (``spec.n`` per prompt): nothing is inserted, and nothing is decoded
+beyond the engine's own text (``transcript`` decodes on demand).
 
 Caps: at most ``max_turns`` turns (a tool call on the last one ends the episode with
 ``"max_turns"``, its results not appended), and at most ``max_episode_tokens`` tokens after the
@@ -49,10 +52,10 @@ class EpisodeResult:
     """One finished episode.
 
     ``token_ids``: every token after the prompt, the model's turns and the inserted replies, in
-    order; ``model_mask`` (same length): 1 where the model sampled the token, 0 where it was inserted;
+    order; ``response_mask`` (same length): 1 where the model sampled the token, 0 where it was inserted;
     ``logprobs`` (same length, or None when not asked for): the engine's log-prob of each sampled
     token, 0.0 at inserted ones.  ``text``: the last turn's text (the answer to grade);
-    ``transcript``: ``token_ids`` decoded with special tokens (for logs); ``turns``: each turn's
+    :meth:`transcript`: ``token_ids`` decoded with special tokens (for logs); ``turns``: each turn's
     text; ``messages``: the conversation after the opening (assistant turns and appended replies).
     ``num_turns``, ``tool_calls``, ``tool_errors``: counts (the tool counts as the environment
     reported them, for every turn).  ``finish_reason``: one of :data:`FINISH_REASONS`.  ``reward``:
@@ -63,10 +66,9 @@ class EpisodeResult:
     """
 
     token_ids: list[int] = field(default_factory=list)
-    model_mask: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
     text: str = ""
-    transcript: str = ""
     turns: list[str] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)
     num_turns: int = 0
@@ -77,7 +79,12 @@ class EpisodeResult:
 
     @property
     def model_tokens(self) -> int:
-        return sum(self.model_mask)
+        return sum(self.response_mask)
+
+    def transcript(self, tokenizer) -> str:
+        """``token_ids`` decoded with special tokens shown, tool replies and turn markers included (for
+        the logs; decoded when asked, since a step reads a few of its rows' transcripts)."""
+        return tokenizer.decode(self.token_ids, skip_special_tokens=False)
 
 
 def reply_token_ids(tokenizer, history: Sequence[dict], tools: Sequence[dict] | None, replies: Sequence[dict],
@@ -127,7 +134,7 @@ class _Episode:
     def add(self, ids: Sequence[int], logprobs: Sequence[float] | None, sampled: bool) -> None:
         r = self.result
         r.token_ids.extend(ids)
-        r.model_mask.extend([1 if sampled else 0] * len(ids))
+        r.response_mask.extend([1 if sampled else 0] * len(ids))
         if r.logprobs is not None:
             r.logprobs.extend(logprobs if sampled else [0.0] * len(ids))
 
@@ -243,8 +250,6 @@ def run_episodes(engine: RolloutEngine, prompt_token_ids: Sequence[Sequence[int]
                               template_kwargs=template_kwargs)]
         if not live:
             break
-    for ep in episodes:
-        ep.result.transcript = tokenizer.decode(ep.result.token_ids, skip_special_tokens=False)
     results = [ep.result for ep in episodes]
     return [results[i * n:(i + 1) * n] for i in range(len(prompt_token_ids))]
 

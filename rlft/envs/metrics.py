@@ -43,12 +43,12 @@ def episode_metrics(results: Sequence[EpisodeResult], correct: Sequence[float] |
     return out
 
 
-def episode_sample(result: EpisodeResult, max_chars: int = 4000) -> dict:
-    """One episode, readable in the logs: its transcript (special tokens shown; cut to ``max_chars``
-    in the middle when longer), turns, tool counts and finish reason."""
-    text = result.transcript
+def episode_sample(result: EpisodeResult, tokenizer, max_chars: int = 4000) -> dict:
+    """One episode, readable in the logs: its transcript (decoded by ``tokenizer``, special tokens
+    shown; cut to ``max_chars`` in the middle when longer), turns, tool counts and finish reason."""
+    whole = text = result.transcript(tokenizer)
     if len(text) > max_chars:
         half = max_chars // 2
-        text = f"{text[:half]}\n[... {len(result.transcript) - 2 * half} characters ...]\n{text[-half:]}"
+        text = f"{text[:half]}\n[... {len(whole) - 2 * half} characters ...]\n{text[-half:]}"
     return {"transcript": text, "turns": result.num_turns, "tool_calls": result.tool_calls,
             "tool_errors": result.tool_errors, "finish_reason": result.finish_reason}

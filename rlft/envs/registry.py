@@ -46,8 +46,9 @@ class EnvironmentRecord:
     """One environment choice.
 
     ``build(prompt, **options) -> Environment``: the run's :class:`~rlft.data.prompts.Prompt` and the
-    environment's options from the config.  ``multi_turn``: episodes may take several turns (the
-    rollout then runs :func:`rlft.envs.episodes.run_episodes`; False: one engine call as today).
+    environment's options from the config.  ``multi_turn``: episodes may take several turns (False:
+    one turn; either way :func:`rlft.envs.episodes.run_episodes` plays them, and the logs add the
+    episodes' turns and tool figures only for a multi-turn one).
     ``needs_chat``: it works only with a chat prompt (tools go through the chat template).
     """
 

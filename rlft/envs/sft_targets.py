@@ -16,15 +16,17 @@ each turn that makes some, the tool's replies as ``<tool_response>`` blocks (Qwe
 model writes it (a turn that calls a tool ends at its last ``</tool_call>``, where the environment's
 stop string ends it), and each turn's replies as the chat template writes them after it
 (:func:`rlft.envs.episodes.reply_token_ids`: the end of the turn, the tool messages, the next
-generation prompt), with a mask of 0 on those tokens, so that SFT trains the model's turns and never
-the tool's replies.  Nothing here imports torch.
+generation prompt), with a ``response_mask`` of 0 on those tokens, so that SFT trains the model's turns
+and never the tool's replies.  :func:`target_episode` gives the same as the
+:class:`~rlft.envs.episodes.EpisodeResult` it describes (a rollout row's episode: a plain target is a
+single turn, all of it in the mask).  Nothing here imports torch.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from rlft.envs.base import EpisodeStart
-from rlft.envs.episodes import reply_token_ids
+from rlft.envs.episodes import EpisodeResult, reply_token_ids
 from rlft.envs.tool_calls import TOOL_CALL_CLOSE
 
 TOOL_RESPONSE_OPEN = "<tool_response>"
@@ -97,7 +99,7 @@ def split_target(target: str) -> list[TargetTurn]:
 
 def target_token_ids(tokenizer, start: EpisodeStart, target: str,
                      template_kwargs: dict | None = None) -> tuple[list[int], list[int]]:
-    """``(token_ids, model_mask)`` of ``target`` after the episode's opening ``start`` (chat messages and
+    """``(token_ids, response_mask)`` of ``target`` after the episode's opening ``start`` (chat messages and
     tools): the turns' tokens (mask 1) and the replies' template tokens (mask 0), as in the module
     docstring.  No eos is added.  TargetError when ``target`` does not split or ``start`` is a text
     prompt while the target holds replies (they need a chat template)."""
@@ -119,3 +121,15 @@ def target_token_ids(tokenizer, start: EpisodeStart, target: str,
             mask += [0] * len(reply)
             history += [said, *messages]
     return ids, mask
+
+
+def target_episode(tokenizer, start: EpisodeStart, target: str, *, eos_token_id: int | None = None) -> EpisodeResult:
+    """The episode ``target`` describes after ``start``: :func:`target_token_ids`' tokens and
+    ``response_mask``, followed by ``eos_token_id`` (in the mask) when given; its turns' texts, the last
+    one its ``text``.  TargetError as :func:`target_token_ids`."""
+    ids, mask = target_token_ids(tokenizer, start, target)
+    if eos_token_id is not None:
+        ids, mask = ids + [eos_token_id], mask + [1]
+    turns = [turn.text for turn in split_target(target)]
+    return EpisodeResult(token_ids=ids, response_mask=mask, text=turns[-1], turns=turns, num_turns=len(turns),
+                         finish_reason="stop" if eos_token_id is None else "eos")

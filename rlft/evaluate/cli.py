@@ -30,8 +30,8 @@ A config whose ``environment.name`` is a multi-turn environment (e.g. ``calculat
 ``environment.evaluate_with_tools`` true) makes every answer an episode of it, as in training: the
 model may call the tool, its last turn is graded, and the summary adds the tool figures
 (``tool_call_rate``, ``tool_calls_per_episode``, ``tool_errors``, ``accuracy_with_tool``,
-``accuracy_without_tool``).  ``--environment NAME`` chooses one (``module:Class`` too), ``--no-tools``
-none.
+``accuracy_without_tool``).  ``--environment NAME`` chooses one (``module:Class`` too, a single-turn one
+included: its openings are the prompts), ``--no-tools`` the single-turn one (one answer, no tools).
 
 Bad input (a model or data path that does not exist, an unknown data source, an out-of-range
 option) prints one line on stderr and exits with status 2.
@@ -135,7 +135,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.batch_size is not None and args.batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
     args.prompt = build_prompt(args)
-    args.episodes = build_environment(args)
+    args.rollout_environment = build_environment(args)
 
 
 def build_prompt(args: argparse.Namespace):
@@ -168,23 +168,19 @@ def build_prompt(args: argparse.Namespace):
 
 
 def build_environment(args: argparse.Namespace):
-    """``(environment, EnvironmentConfig)``: the multi-turn environment whose episodes the answers are
+    """``(environment, EnvironmentConfig)``: the environment whose episodes the answers are
     (``--environment``, else the config's ``environment.name`` when its ``evaluate_with_tools`` is
-    true; None with ``--no-tools`` or a single-turn one) and the config's section (its ``max_turns``,
+    true; the single-turn one with ``--no-tools``) and the config's section (its ``max_turns``,
     ``max_episode_tokens``, ``options``).  InputError naming the option when it cannot be used."""
     from rlft.config.schema import EnvironmentConfig
-    from rlft.envs.registry import EnvironmentSpecError, environment_record, make_environment
+    from rlft.envs.registry import DEFAULT_ENVIRONMENT, EnvironmentSpecError, make_environment
 
     if args.no_tools and args.environment:
         raise InputError("--environment and --no-tools: give one of them")
     e = args.run_config.environment if args.run_config is not None else EnvironmentConfig()
-    name = args.environment or (e.name if e.evaluate_with_tools else None)
-    if args.no_tools or name is None:
-        return None, e
+    name = args.environment or (e.name if e.evaluate_with_tools and not args.no_tools else DEFAULT_ENVIRONMENT)
     option = "--environment" if args.environment else "--config: environment.name"
     try:
-        if not environment_record(name).multi_turn:
-            return None, e
         return make_environment(name, args.prompt, e.options if name == e.name else {}), e
     except EnvironmentSpecError as exc:
         raise InputError(f"{option}: {exc}") from None
@@ -309,15 +305,16 @@ def drop_long_questions(sets: list[tuple[DataSpec, list]], tokenizer, model_path
 
 def evaluate_set(args: argparse.Namespace, engine, tokenizer, examples: list, spec) -> tuple[list[dict], dict]:
     """One set's records and summary (:func:`rlft.evaluate.scoring.evaluate`), as episodes of the
-    environment when there is one (its name and caps then in the summary)."""
+    environment (a multi-turn one's name and caps then in the summary)."""
+    from rlft.envs.rollouts import episode_budget
     from rlft.evaluate.scoring import evaluate
 
-    env, e = args.episodes
-    budget = e.episode_tokens(spec.max_tokens)
+    env, e = args.rollout_environment
+    budget = episode_budget(env.multi_turn, spec.max_tokens, e.max_episode_tokens)
     records, summary = evaluate(engine, tokenizer, examples, spec=spec, k=args.k, batch_size=args.batch_size,
                                 prompt_template=args.prompt, progress=not args.no_progress, environment=env,
                                 max_turns=e.max_turns, max_episode_tokens=budget)
-    if env is not None:
+    if env.multi_turn:
         summary.update(environment=args.environment or e.name, max_turns=e.max_turns, max_episode_tokens=budget)
     return records, summary
 

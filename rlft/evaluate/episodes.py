@@ -1,8 +1,8 @@
 """Evaluation with a multi-turn environment: the same episodes as training, graded on the last turn.
 
-    groups = play_episodes(engine, tokenizer, examples, spec, environment, max_turns=4, max_episode_tokens=768)
+    groups = play_rows(engine, environment, examples, spec, tokenizer, max_turns=4, max_episode_tokens=768)
     records, summary = score_responses(...)           # the last turns' texts, as for single-turn answers
-    add_episode_figures(records, summary, groups)     # turns, tool calls, accuracy with / without a tool
+    add_episode_figures(records, summary, episodes, tokenizer)  # turns, tool calls, accuracy with / without
 
 Per record (one per question): the first sample's ``turns``, ``tool_calls``, ``tool_errors``,
 ``finish_reason`` and ``transcript`` (the whole episode after the prompt, special tokens shown), and
@@ -15,12 +15,9 @@ Per record (one per question): the first sample's ``turns``, ``tool_calls``, ``t
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
-from rlft.data import Example
-from rlft.engines.base import SamplingSpec
-from rlft.envs.base import Environment
-from rlft.envs.episodes import EpisodeResult, open_episodes, run_episodes
+from rlft.envs.episodes import EpisodeResult
 from rlft.envs.metrics import episode_metrics
 
 # Summary key -> the episode_metrics key it reads.
@@ -34,32 +31,23 @@ SUMMARY_FIGURES = {
 }
 
 
-def play_episodes(engine: Any, tokenizer: Any, examples: Sequence[Example], spec: SamplingSpec,
-                  environment: Environment, *, max_turns: int, max_episode_tokens: int) -> list[list[EpisodeResult]]:
-    """``spec.n`` episodes of ``environment`` per example (the prompts are the environment's openings,
-    with its tools), in example order."""
-    starts, prompt_ids = open_episodes(environment, [ex.question for ex in examples],
-                                       [ex.ground_truth for ex in examples], tokenizer)
-    return run_episodes(engine, prompt_ids, starts, spec, tokenizer, environment, max_turns=max_turns,
-                        max_episode_tokens=max_episode_tokens)
-
-
 def _counts(episode: EpisodeResult) -> dict:
     return {"turns": episode.num_turns, "tool_calls": episode.tool_calls, "tool_errors": episode.tool_errors,
             "finish_reason": episode.finish_reason}
 
 
-def add_episode_figures(records: list[dict], summary: dict, groups: Sequence[Sequence[EpisodeResult]]) -> None:
+def add_episode_figures(records: list[dict], summary: dict, groups: Sequence[Sequence[EpisodeResult]],
+                        tokenizer) -> None:
     """Add each question's episode information to its record and the tool figures to ``summary`` (in
     place; see the module docstring).  ``groups``: one list of episodes per record, aligned with its
-    ``answer_rewards``."""
+    ``answer_rewards``; ``tokenizer`` decodes the transcripts."""
     if len(groups) != len(records):
         raise ValueError(f"{len(groups)} groups of episodes for {len(records)} records")
     for record, group in zip(records, groups):
         if len(group) != len(record["answer_rewards"]):
             raise ValueError(f"question {record['index']}: {len(group)} episodes for "
                              f"{len(record['answer_rewards'])} graded samples")
-        record.update(_counts(group[0]), transcript=group[0].transcript, episodes=[_counts(e) for e in group])
+        record.update(_counts(group[0]), transcript=group[0].transcript(tokenizer), episodes=[_counts(e) for e in group])
     flat = [e for group in groups for e in group]
     correct = [float(a) for record in records for a in record["answer_rewards"]]
     figures = episode_metrics(flat, correct=correct)

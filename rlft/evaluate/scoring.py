@@ -22,10 +22,11 @@ Metrics (``n`` samples per question, ``n >= k``):
 A sample is *correct* when its ``answer_reward`` is 1, the quantity ``accuracy`` averages: the
 answer format's contract, what the reward pays (strict).
 
-With a multi-turn environment (``evaluate(..., environment=...)``, e.g. the calculator) every sample is
-an episode, its last turn graded as above; the records and the summary then also hold the episodes'
-figures (tool call rate, tool calls and errors per episode, accuracy with and without a tool call:
-:mod:`rlft.evaluate.episodes`).
+Every sample is a rollout row of an environment (:func:`rlft.envs.rollouts.play_rows`, as in training):
+by default the single-turn one, one completion of the prompt; with a multi-turn environment
+(``evaluate(..., environment=...)``, e.g. the calculator) an episode, its last turn graded as above, and
+the records and the summary then also hold the episodes' figures (tool call rate, tool calls and
+errors per episode, accuracy with and without a tool call: :mod:`rlft.evaluate.episodes`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ from typing import Any, Sequence
 
 from rlft.data import Example
 from rlft.engines.base import SamplingSpec
-from rlft.evaluate.episodes import add_episode_figures, play_episodes
+from rlft.envs.base import Environment, SingleTurnEnvironment
+from rlft.envs.rollouts import RolloutRow, play_rows
+from rlft.evaluate.episodes import add_episode_figures
 from rlft.reward.grader import grade_batch
 from rlft.data.prompts import DEFAULT_PROMPT_TEMPLATE, Prompt
 from rlft.reward.formats import DEFAULT_ANSWER_FORMAT
@@ -222,7 +225,7 @@ def evaluate(
     batch_size: int | None = None,
     prompt_template: str | Prompt = DEFAULT_PROMPT_TEMPLATE,
     progress: bool = True,
-    environment: Any = None,
+    environment: Environment | None = None,
     max_turns: int = 4,
     max_episode_tokens: int | None = None,
 ) -> tuple[list[dict], dict]:
@@ -241,12 +244,12 @@ def evaluate(
         prompt_template: a registered template name, a literal with ``{question}``, or a
             :class:`~rlft.data.prompts.Prompt` (whose answer format the grading then uses).
         progress: show a progress bar over questions.
-        environment: a multi-turn :class:`~rlft.envs.base.Environment` (e.g. the calculator): each
-            sample is an episode of it (its opening is the prompt, with its tools), at most
-            ``max_turns`` turns and ``max_episode_tokens`` tokens after the prompt (None:
-            ``spec.max_tokens``); the last turn is graded, the response length counts the model's
-            tokens, and :func:`rlft.evaluate.episodes.add_episode_figures` adds the episodes' figures.
-            None, or a single-turn environment: one completion of the prompt per sample.
+        environment: the :class:`~rlft.envs.base.Environment` whose episodes the samples are (its
+            opening is the prompt, with its tools), at most ``max_turns`` turns and
+            ``max_episode_tokens`` tokens after the prompt (None: ``spec.max_tokens``); the last turn
+            is graded and the response length counts the model's tokens.  None: the single-turn
+            environment of ``prompt_template`` (one completion of the prompt per sample).  A
+            multi-turn one's figures are added by :func:`rlft.evaluate.episodes.add_episode_figures`.
 
     Returns:
         ``(records, summary)`` as from :func:`score_responses`, the summary extended with
@@ -255,17 +258,15 @@ def evaluate(
     spec = _checked_spec(spec, k, batch_size, len(examples))
     start = time.perf_counter()
     prompt = prompt_template if isinstance(prompt_template, Prompt) else Prompt(prompt_template)
-    episodes = None
-    if environment is not None and environment.multi_turn:
-        episodes = dict(environment=environment, max_turns=max_turns,
-                        max_episode_tokens=max_episode_tokens or spec.max_tokens)
-    groups = _generate(engine, tokenizer, examples, spec, prompt, batch_size or len(examples), progress, episodes)
-    responses = [[c.text for c in group] for group in groups]
-    # Generated tokens, from the engine's ids: an episode's are the model's own (tool replies left out).
-    lengths = [[c.model_tokens if episodes else len(c.token_ids) for c in group] for group in groups]
+    environment = environment if environment is not None else SingleTurnEnvironment(prompt)
+    caps = dict(max_turns=max_turns, max_episode_tokens=max_episode_tokens or spec.max_tokens)
+    groups = _generate(engine, tokenizer, examples, spec, environment, batch_size or len(examples), progress, caps)
+    responses = [[row.text for row in group] for group in groups]
+    # Generated tokens, from the engine's ids: the model's own (an episode's tool replies left out).
+    lengths = [[row.episode.model_tokens for row in group] for group in groups]
     records, summary = score_responses(examples, responses, lengths, k=k, answer_format=prompt.answer_format)
-    if episodes:
-        add_episode_figures(records, summary, groups)
+    if environment.multi_turn:  # turns and tool calls: a multi-turn environment's figures
+        add_episode_figures(records, summary, [[row.episode for row in group] for group in groups], tokenizer)
     seconds = time.perf_counter() - start
     summary["seconds"] = seconds
     summary["examples_per_s"] = len(examples) / max(seconds, 1e-9)
@@ -290,20 +291,16 @@ def _checked_spec(spec: SamplingSpec, k: int, batch_size: int | None, num_exampl
     return spec
 
 
-def _generate(engine: Any, tokenizer: Any, examples: Sequence[Example], spec: SamplingSpec, prompt: Prompt,
-              batch_size: int, progress: bool, episodes: dict | None) -> list[list[Any]]:
-    """``spec.n`` completions (or, with ``episodes``, the keyword arguments of
-    :func:`rlft.evaluate.episodes.play_episodes`: episodes) per example, ``batch_size`` examples per call."""
+def _generate(engine: Any, tokenizer: Any, examples: Sequence[Example], spec: SamplingSpec,
+              environment: Environment, batch_size: int, progress: bool, caps: dict) -> list[list[RolloutRow]]:
+    """``spec.n`` rows per example, episodes of ``environment`` within ``caps`` (``max_turns``,
+    ``max_episode_tokens``), ``batch_size`` examples per call of :func:`rlft.envs.rollouts.play_rows`."""
     from tqdm.auto import tqdm
 
-    prompt_ids = None if episodes else tokenize_prompts(tokenizer, [ex.question for ex in examples], prompt)
-    groups: list[list[Any]] = []
+    groups: list[list[RolloutRow]] = []
     with tqdm(total=len(examples), desc="eval", unit="q", disable=not progress, dynamic_ncols=True) as bar:
         for lo in range(0, len(examples), batch_size):
-            if episodes:
-                outputs = play_episodes(engine, tokenizer, examples[lo:lo + batch_size], spec, **episodes)
-            else:
-                outputs = engine.generate(prompt_ids[lo:lo + batch_size], spec)
+            outputs = play_rows(engine, environment, examples[lo:lo + batch_size], spec, tokenizer, **caps)
             wanted = min(batch_size, len(examples) - lo)
             if len(outputs) != wanted:
                 raise RuntimeError(f"engine returned {len(outputs)} outputs for {wanted} prompts")

@@ -8,14 +8,15 @@ from rlft.config import ConfigError, RunConfig
 from rlft.data.prompts import drop_long_prompts, prompt_of
 from rlft.data.rows import load_split
 from rlft.engines.base import RolloutEngine, sampling_spec
-from rlft.envs.registry import environment_record, make_environment
+from rlft.envs.registry import DEFAULT_ENVIRONMENT, make_environment
+from rlft.envs.rollouts import episode_budget
 from rlft.evaluate.scoring import evaluate, write_results
 
 
 class Evaluator:
     """Scores the run's eval split (`data.eval_split`, `data.eval_size`) with `engine`, greedy by
-    default (`sampling.eval_*`), as episodes of the run's multi-turn environment unless
-    `environment.evaluate_with_tools` is false; each evaluation is written to OUT/eval/<name>/.  The engine stays
+    default (`sampling.eval_*`), as episodes of the run's environment (the single-turn one when
+    `environment.evaluate_with_tools` is false); each evaluation is written to OUT/eval/<name>/.  The engine stays
     resident: weight syncs update it in place (it is the rollout role's when both share a rank)."""
 
     def __init__(self, cfg: RunConfig, engine: RolloutEngine, tokenizer, *, max_prompt_tokens: int | None = None):
@@ -32,16 +33,17 @@ class Evaluator:
                               f"positions minus the evaluation's response tokens)")
         self.examples, self.skipped = kept.examples, kept.skipped
         self.spec = sampling_spec(cfg.sampling, n=1, seed=cfg.seed, evaluation=True)
-        # With a multi-turn environment and `environment.evaluate_with_tools`, the same episodes as training.
+        # The same episodes as training, or with `environment.evaluate_with_tools: false` one turn, no tools.
         e = cfg.environment
-        self.environment = (make_environment(e.name, self.prompt, e.options)
-                            if e.evaluate_with_tools and environment_record(e.name).multi_turn else None)
+        self.environment = (make_environment(e.name, self.prompt, e.options) if e.evaluate_with_tools
+                            else make_environment(DEFAULT_ENVIRONMENT, self.prompt))
 
     def evaluate(self, name: str, *, progress: bool = False) -> dict:
         """Generate, grade and write OUT/eval/`name`/; returns the summary."""
         e = self.cfg.environment
+        budget = episode_budget(self.environment.multi_turn, self.spec.max_tokens, e.max_episode_tokens)
         records, summary = evaluate(self.engine, self.tokenizer, self.examples, spec=self.spec,
                                     prompt_template=self.prompt, progress=progress, environment=self.environment,
-                                    max_turns=e.max_turns, max_episode_tokens=e.episode_tokens(self.spec.max_tokens))
+                                    max_turns=e.max_turns, max_episode_tokens=budget)
         write_results(Path(self.cfg.output.dir) / "eval" / name, records, summary)
         return summary

@@ -1,12 +1,18 @@
 """The rollout role (the sampler): each step's batch, from prompts to advantages.
 
 Its parts, one job each: `PromptSource` (rlft.roles.prompt_source) draws the prompts,
-`RolloutGenerator` (rlft.roles.generation) samples and grades the responses, `BatchQueue`
-(rlft.roles.batch_queue) holds batches collected ahead for asynchronous rollouts.  Here:
-`RolloutWorker.collect`, the one place the step's training data comes from (rounds of dynamic
-sampling, overlong responses, group advantages, what is logged about it).
+`RolloutGenerator` (rlft.roles.generation) plays and grades the episodes (one engine call per turn;
+a single-turn rollout is one call with n = group_size), `BatchQueue` (rlft.roles.batch_queue) holds
+batches collected ahead for asynchronous rollouts.  Here, `RolloutWorker.collect` is the one place the
+step's training data comes from, in order: `sample_rounds` (rounds of dynamic sampling, each sized by
+`RoundSizer`, its grades fed back to the difficulty sampler), `rest_engine` (the engine sleeps), the
+kept groups (`Drawn.kept`), `to_batch` (overlong rewards, group advantages, the padded batch) and
+`step_metrics` (what is logged about it).  `train_grpo.grpo_step` calls `next_batch` / `prefetch` /
+`weights_synced`, which hand over to the queue, whose `collect` is this worker's.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,6 +24,8 @@ from rlft.batching.dynamic_sampling import GroupPool, group_rows, informative_gr
 from rlft.batching.round_size import RoundSizer
 from rlft.engines.base import RolloutEngine
 from rlft.envs.metrics import episode_metrics, episode_sample
+from rlft.envs.registry import environment_record
+from rlft.envs.rollouts import episode_budget
 from rlft.grpo import OVERLONG_MODES, compute_group_normalized_rewards
 from rlft.batching.overlong import OverlongOutcome, overlong_outcome
 from rlft.roles.batch_queue import BatchQueue, Timer, untimed
@@ -26,6 +34,30 @@ from rlft.roles.prompt_source import PromptSource
 
 
 ROUND_SIZE = "round_size"  # the key of the rounds' keep rate in the checkpoint's prompt position
+
+
+@dataclass
+class Drawn:
+    """What a step's rounds of sampling drew: every row (group-major), its grade, the examples (one per
+    group), the pool of groups with differing rewards, and the grader's counts summed over the rounds."""
+
+    pool: GroupPool
+    rollout: Rollout = field(default_factory=list)
+    grades: list[dict] = field(default_factory=list)
+    examples: list[Example] = field(default_factory=list)
+    counts: dict = field(default_factory=lambda: dict.fromkeys((f"grader/{k}" for k in GRADER_COUNTERS), 0.0))
+
+    def add(self, examples: list[Example], rollout: Rollout, grades: list[dict], counts: dict) -> None:
+        self.rollout, self.grades, self.examples = self.rollout + rollout, self.grades + grades, self.examples + examples
+        for k, v in counts.items():
+            self.counts[k] += v
+
+    def kept(self, group_size: int) -> "Drawn":
+        """The groups dynamic sampling keeps (`GroupPool.selection`), in the pool's order."""
+        chosen = self.pool.selection()
+        rows = group_rows(chosen, group_size)
+        return Drawn(self.pool, [self.rollout[i] for i in rows], [self.grades[i] for i in rows],
+                     [self.examples[i] for i in chosen], self.counts)
 
 
 class RolloutWorker:
@@ -46,12 +78,25 @@ class RolloutWorker:
         self.stays_awake = False
         # How many prompts each round of dynamic sampling draws (grpo.oversample), from the rounds seen.
         self.round_size = RoundSizer(cfg.grpo.oversample, self.prompts.per_step)
+        # Asynchronous rollouts: batches collected ahead (none unless schedule.max_staleness > 0).
         self.queue = BatchQueue(cfg.schedule, self.collect, self.position)
-        # Asynchronous rollouts: the queue hands out the batches and collects ahead.
-        self.next_batch, self.prefetch, self.weights_synced = (
-            self.queue.next_batch, self.queue.prefetch, self.queue.weights_synced)
         log.info("sampler: %d training prompts (%s), %d per step, engine %s", len(self.prompts.examples),
                  cfg.data.source, self.prompts.per_step, type(engine).__name__)
+
+    # ------------------------------------------------------------------ what the step calls
+
+    def next_batch(self, step: int, timed: Timer = untimed) -> tuple[RolloutBatch, dict]:
+        """The batch `step` trains on and its metrics: one collected ahead, or `collect(step)` now
+        (`BatchQueue.next_batch`)."""
+        return self.queue.next_batch(step, timed)
+
+    def prefetch(self, step: int, last_step: int, timed: Timer = untimed) -> None:
+        """Collect the batches of the next steps ahead, up to `schedule.max_staleness` (`BatchQueue.prefetch`)."""
+        self.queue.prefetch(step, last_step, timed)
+
+    def weights_synced(self, step: int) -> None:
+        """The engine now holds the policy's weights after `step`."""
+        self.queue.weights_synced(step)
 
     # ------------------------------------------------------------------ the step's batch
 
@@ -67,67 +112,90 @@ class RolloutWorker:
 
     def collect(self, step: int, timed: Timer = untimed) -> tuple[RolloutBatch, dict]:
         """The step's graded batch with its advantages, and what to log about it (timed as the
-        phases "sample" and "grade").
-
-        Without dynamic sampling this is one round: the next prompts, `group_size` responses each.
-        With `grpo.dynamic_sampling`, rounds of fresh prompts follow until the batch holds its
-        number of groups with differing rewards (at most `grpo.max_sampling_rounds` rounds), each
-        round drawing as many prompts as `grpo.oversample` asks for the groups still missing
-        (`rlft.batching.round_size`); the batch always has the configured size (see
-        `rlft.batching.dynamic_sampling`).
-        """
-        cfg, g = self.cfg, self.cfg.grpo
-        rounds = g.max_sampling_rounds if g.dynamic_sampling else 1
-        pool = GroupPool(target_groups=self.prompts.per_step)
+        phases "sample" and "grade"): the rounds of sampling, the engine put to rest, the groups
+        kept (with `grpo.dynamic_sampling`), the batch and its metrics."""
+        self.raw_engine_metrics()  # an evaluation's engine seconds since the last step: not this step's
         epochs_before = self.prompts.epochs_taken
-        rollout, grades, examples = Rollout.empty(), [], []
-        if getattr(self.engine, "raw_engine_seconds", None):  # an evaluation's since the last step: not this step's
-            self.engine.raw_engine_seconds = []
-        metrics = dict.fromkeys((f"grader/{k}" for k in GRADER_COUNTERS), 0.0)
-        for r in range(rounds):
-            with timed("sample"):
-                missing = self.prompts.per_step - len(pool.kept)  # groups the step still needs
-                round_examples = self.prompts.next_examples(self.round_size.prompts_for(missing))
-                part = self.generator.generate(round_examples, seed=cfg.seed * 1_000_003 + step + 7919 * r,
-                                               keep_awake=r + 1 < rounds, logprobs=self.wants_logprobs(step))
-            with timed("grade"):
-                part_grades, counts = self.generator.grade(part)
-            self.prompts.observe(round_examples, part_grades)
-            for k, v in counts.items():
-                metrics[k] += v
-            rollout, grades, examples = rollout.extend(part), grades + part_grades, examples + round_examples
-            informative = informative_groups(torch.tensor([x["reward"] for x in part_grades]), self.group_size)
-            pool.add_round(informative)
-            if g.dynamic_sampling:
-                self.round_size.saw(len(round_examples), int(informative.sum()))
-            if pool.full:
-                break
-        if self.engine.sleeps and not self.stays_awake:
-            self.engine.sleep(level=self.sleep_level)  # give the GPU's memory to the policy until the next sync
-        raw = getattr(self.engine, "raw_engine_seconds", None)
-        if raw:  # benchmarks: the same rollouts through the engine's own generate, interleaved
-            metrics["time/sample_raw_engine"] = sum(raw)
-            self.engine.raw_engine_seconds = []
-        if g.dynamic_sampling:
-            metrics.update(pool.stats())
+        drawn = self.sample_rounds(step, timed)
+        self.rest_engine()
+        metrics = {**drawn.counts, **self.raw_engine_metrics()}
+        if self.cfg.grpo.dynamic_sampling:
+            metrics.update(drawn.pool.stats())
             metrics["dynamic_sampling/keep_rate"] = self.round_size.keep_rate  # the running share sizing rounds
-            metrics.update(all_rollouts_metrics(grades))
-            chosen = pool.selection()
-            rows = group_rows(chosen, self.group_size)
-            rollout, grades, examples = rollout.select(rows), [grades[i] for i in rows], [examples[i] for i in chosen]
+            metrics.update(all_rollouts_metrics(drawn.grades))
+            drawn = drawn.kept(self.group_size)
         with timed("grade"):
-            batch, reward_stats = self.to_batch(rollout, grades)
+            batch, reward_stats = self.to_batch(drawn.rollout, drawn.grades)
             metrics["epoch_ended"] = self.prompts.epochs_taken > epochs_before
-        metrics.update(rollout_metrics(rollout, grades, batch, reward_stats))
-        if None not in rollout.episodes:  # a multi-turn environment: turns, tool calls, how episodes ended
-            metrics.update(episode_metrics(rollout.episodes, correct=[g["answer_reward"] for g in grades]))
-        metrics.update(self.filter_overlong(batch, rollout))  # after: lengths describe what was sampled
-        metrics["prompt_indices"] = [ex.index for ex in examples]
-        metrics.update(self.prompts.metrics())
-        every = cfg.schedule.log_samples_every
-        if every and step % every == 0:
-            metrics["samples"] = self.samples(examples, rollout, grades)
+        metrics.update(self.step_metrics(step, drawn, batch, reward_stats))
         return batch, metrics
+
+    def sample_rounds(self, step: int, timed: Timer = untimed) -> Drawn:
+        """The step's rounds of sampling.  Without dynamic sampling, one round: the next prompts,
+        `group_size` responses each.  With `grpo.dynamic_sampling`, rounds of fresh prompts follow until
+        the pool holds the step's number of groups with differing rewards (at most
+        `grpo.max_sampling_rounds` rounds), each drawing as many prompts as `grpo.oversample` asks for the
+        groups still missing (`rlft.batching.round_size`, fed each round's keep rate)."""
+        g = self.cfg.grpo
+        rounds = g.max_sampling_rounds if g.dynamic_sampling else 1
+        drawn = Drawn(GroupPool(target_groups=self.prompts.per_step))
+        for r in range(rounds):
+            examples, part, grades, counts = self.sample_round(step, r, rounds, len(drawn.pool.kept), timed)
+            drawn.add(examples, part, grades, counts)
+            informative = informative_groups(torch.tensor([x["reward"] for x in grades]), self.group_size)
+            drawn.pool.add_round(informative)
+            if g.dynamic_sampling:
+                self.round_size.saw(len(examples), int(informative.sum()))
+            if drawn.pool.full:
+                break
+        return drawn
+
+    def sample_round(self, step: int, r: int, rounds: int, kept: int,
+                     timed: Timer = untimed) -> tuple[list[Example], Rollout, list[dict], dict]:
+        """Round `r` of `step` (`kept` groups so far): its prompts, rows, grades and the grader's counts;
+        the grades go back to the prompt order (`data.sampler: difficulty` learns pass rates from them)."""
+        with timed("sample"):
+            missing = self.prompts.per_step - kept  # groups the step still needs
+            examples = self.prompts.next_examples(self.round_size.prompts_for(missing))
+            part = self.generator.generate(examples, seed=self.cfg.seed * 1_000_003 + step + 7919 * r,
+                                           keep_awake=r + 1 < rounds, logprobs=self.wants_logprobs(step))
+        with timed("grade"):
+            grades, counts = self.generator.grade(part)
+        self.prompts.observe(examples, grades)
+        return examples, part, grades, counts
+
+    def rest_engine(self) -> None:
+        """Give the GPU's memory to the policy until the next sync: an engine that sleeps does, unless
+        the memory plan keeps it awake."""
+        if self.engine.sleeps and not self.stays_awake:
+            self.engine.sleep(level=self.sleep_level)
+
+    def raw_engine_metrics(self) -> dict:
+        """Benchmarks (`rlft.bench --raw-engine`): the seconds the engine's own generate took on the same
+        rollouts since the last call, as `time/sample_raw_engine` (nothing without them); the record
+        is emptied."""
+        raw = getattr(self.engine, "raw_engine_seconds", None)
+        if not raw:
+            return {}
+        self.engine.raw_engine_seconds = []
+        return {"time/sample_raw_engine": sum(raw)}
+
+    def step_metrics(self, step: int, drawn: Drawn, batch: RolloutBatch, reward_stats: dict) -> dict:
+        """What is logged about the step's batch: rewards and lengths, the episodes' turns and tool
+        calls (a multi-turn environment's), the overlong mode's counts (its masking applied to `batch`
+        here), the prompts drawn and, every `schedule.log_samples_every` steps, a few samples."""
+        rollout, grades = drawn.rollout, drawn.grades
+        metrics = rollout_metrics(rollout, grades, batch, reward_stats)
+        if self.generator.multi_turn:  # turns, tool calls, how episodes ended
+            metrics.update(episode_metrics([row.episode for row in rollout],
+                                           correct=[g["answer_reward"] for g in grades]))
+        metrics.update(self.filter_overlong(batch, rollout))  # after: lengths describe what was sampled
+        metrics["prompt_indices"] = [ex.index for ex in drawn.examples]
+        metrics.update(self.prompts.metrics())
+        every = self.cfg.schedule.log_samples_every
+        if every and step % every == 0:
+            metrics["samples"] = self.samples(drawn.examples, rollout, grades)
+        return metrics
 
     def wants_logprobs(self, step: int) -> bool:
         """Whether the rollouts of `step` ask the engine for log-probs: only where something reads them
@@ -148,21 +216,23 @@ class RolloutWorker:
         # Every token the engine produced is a response token; with `grpo.train_on_eos: false` the eos
         # and bos ids are masked out as in the original.
         special = {} if g.train_on_eos else {"eos_token_id": tok.eos_token_id, "bos_token_id": tok.bos_token_id}
-        batch = build_rollout_batch(rollout.prompt_ids, rollout.response_ids, pad_token_id=tok.pad_token_id, **special,
-                                    padding_side=self.cfg.model.padding_side,
-                                    response_logprobs=None if None in rollout.logprobs else rollout.logprobs,
-                                    response_token_masks=None if None in rollout.model_masks else rollout.model_masks)
+        # The sampler's log-probs, where the step asked the engine for them (`wants_logprobs`).
+        logprobs = [row.logprobs for row in rollout]
+        batch = build_rollout_batch([row.prompt_ids for row in rollout], [row.response_ids for row in rollout],
+                                    pad_token_id=tok.pad_token_id, **special, padding_side=self.cfg.model.padding_side,
+                                    response_logprobs=logprobs if all(lp is not None for lp in logprobs) else None,
+                                    response_mask=[row.response_mask for row in rollout])
         batch.advantages, batch.raw_rewards = advantages, raw_rewards
         return batch, reward_stats
 
     def overlong(self, rollout: Rollout) -> OverlongOutcome:
         """What the overlong mode (`grpo.overlong`, `rlft.batching.overlong`) does to these responses (an
         episode's length, tool replies included, against its budget, `environment.max_episode_tokens`)."""
-        lengths = torch.tensor([len(ids) for ids in rollout.response_ids])
-        budget = self.cfg.sampling.max_tokens
-        if None not in rollout.episodes:
-            budget = self.cfg.environment.episode_tokens(budget)
-        return overlong_outcome(self.cfg.grpo.overlong, lengths, rollout.finish_reasons, budget, self.cfg.grpo)
+        lengths = torch.tensor([len(row.response_ids) for row in rollout])
+        e = self.cfg.environment
+        budget = episode_budget(environment_record(e.name).multi_turn, self.cfg.sampling.max_tokens, e.max_episode_tokens)
+        return overlong_outcome(self.cfg.grpo.overlong, lengths, [row.finish_reason for row in rollout], budget,
+                                self.cfg.grpo)
 
     def filter_overlong(self, batch: RolloutBatch, rollout: Rollout) -> dict:
         """With an overlong mode that masks rows (`grpo.overlong: filter`: the responses cut by
@@ -177,12 +247,12 @@ class RolloutWorker:
     def samples(self, examples: list[Example], rollout: Rollout, grades: list[dict]) -> list[dict]:
         """A few completions, spread over the batch, for the log (`examples`: one per group)."""
         n = self.cfg.schedule.num_logged_samples
-        def response(i: int) -> dict:
-            episode = rollout.episodes[i]
-            return {"response": rollout.responses[i]} if episode is None else episode_sample(episode)
+        def response(i: int) -> dict:  # a multi-turn environment's: the episode's transcript and counts
+            row = rollout[i]
+            return episode_sample(row.episode, self.tokenizer) if self.generator.multi_turn else {"response": row.text}
 
         return [{"question": examples[i // self.group_size].question, **response(i),
-                 "ground_truth": rollout.ground_truths[i], **grades[i]}
+                 "ground_truth": rollout[i].example.ground_truth, **grades[i]}
                 for i in range(0, len(grades), max(1, len(grades) // n))][:n]
 
     # ------------------------------------------------------------------ checkpoints
@@ -219,7 +289,7 @@ def rollout_metrics(rollout: Rollout, grades: list[dict], batch: RolloutBatch, r
         "reward/answer": sum(g["answer_reward"] for g in grades) / n,
         "response_length/mean": float(resp_len.mean()),
         "response_length/max": float(resp_len.max()),
-        "response_length/clipped_fraction": sum(r == "length" for r in rollout.finish_reasons) / n,
+        "response_length/clipped_fraction": sum(row.finish_reason == "length" for row in rollout) / n,
         "tokens/response": float(batch.response_mask.sum()),
         "tokens/total": float(batch.attention_mask.sum()),
     }

@@ -5,26 +5,30 @@ in `Assistant: <think>`) followed by the target `format_sft_target(solution, pro
 format (by default ` reasoning </think> <answer> 72 </answer>`); the policy learns the target tokens only.  The feeder lives on the sampler's rank (SFT has no
 sampler) and draws batches in a seeded, resumable order.
 
-With a multi-turn environment (`environment.name`, e.g. `calculator`) the prompt is the environment's
-opening (with its tools) and a target may hold tool calls and the tool's replies
-(`<tool_response>...</tool_response>`): it is tokenised as the episode it describes
-(`rlft.envs.sft_targets`), the replies as the chat template's tokens and out of the loss.  Without one,
-a row whose target holds a tool's reply is left out (counted as `tool_replies`): the model would learn
-to write the tool's answers itself.
+Every pair is a rollout row (`rlft.envs.rollouts.RolloutRow`) of the run's environment: the prompt is
+its opening (with a multi-turn environment's tools), the target the episode it describes
+(`rlft.envs.sft_targets.target_episode`), and the batch is built from the rows' tokens and
+`response_mask` as the rollouts' is.  With a multi-turn environment (`environment.name`, e.g.
+`calculator`) a target may hold tool calls and the tool's replies (`<tool_response>...</tool_response>`),
+tokenised as the chat template's tokens and out of the loss.  With a single-turn one, a row whose target
+holds a tool's reply is left out (counted as `tool_replies`): the model would learn to write the tool's
+answers itself.
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
 
-from rlft.batching.batch import RolloutBatch, build_rollout_batch, tokenize_prompt_and_output
+from rlft.batching.batch import RolloutBatch, build_rollout_batch
 from rlft.common import log
 from rlft.config import ConfigError, RunConfig
 from rlft.data import PromptSampler
 from rlft.data.prompts import DEFAULT_PROMPT_TEMPLATE, Prompt, format_sft_target, prompt_of
 from rlft.data.rows import load_split
-from rlft.envs.registry import environment_record, make_environment
-from rlft.envs.sft_targets import TargetError, has_tool_responses, target_token_ids
+from rlft.envs.base import Environment, SingleTurnEnvironment
+from rlft.envs.registry import make_environment
+from rlft.envs.rollouts import RolloutRow
+from rlft.envs.sft_targets import TargetError, has_tool_responses, target_episode
 
 # Reasons a training row is left out (counted and logged once).
 SKIP_NO_SOLUTION = "no_solution"  # no worked solution, or one format_sft_target cannot rewrite
@@ -35,100 +39,79 @@ SKIP_BAD_TOOL_TARGET = "bad_tool_target"  # tool replies that cannot be read as 
 
 @dataclass
 class SFTData:
-    """Prompt/target text pairs that fit `max_seq_len`, and how many rows were left out, by reason."""
+    """The rows whose prompt + target fit `max_seq_len` (their targets' text beside them), and how many
+    were left out, by reason."""
 
-    prompts: list[str]
-    targets: list[str]
-    num_tokens: list[int]  # prompt + target tokens of each pair
+    rows: list[RolloutRow] = field(default_factory=list)
+    targets: list[str] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
-    # With a multi-turn environment: each pair's (prompt ids, target ids, target mask: 0 on tool replies)
-    token_rows: list[tuple[list[int], list[int], list[int]]] | None = None
 
     def __len__(self) -> int:
-        return len(self.prompts)
+        return len(self.rows)
+
+    @property
+    def prompts(self) -> list[str]:
+        return [row.prompt for row in self.rows]
+
+    @property
+    def num_tokens(self) -> list[int]:
+        """Prompt + target tokens of each row."""
+        return [len(row.prompt_ids) + len(row.response_ids) for row in self.rows]
 
 
 def build_sft_data(examples, tokenizer, *, template: str | Prompt = DEFAULT_PROMPT_TEMPLATE, max_seq_len: int = 1024,
-                   chunk_size: int = 1024, end_with_eos: bool = False, environment=None) -> SFTData:
-    """Rewrite `rlft.data.Example`s into SFT pairs, dropping (and counting) unusable ones.
+                   end_with_eos: bool = False, environment: Environment | None = None) -> SFTData:
+    """Rewrite `rlft.data.Example`s into SFT rows, dropping (and counting) unusable ones.
 
-    Token counts are those `rlft.batching.batch.tokenize_prompt_and_output` will produce: the prompt
-    tokenised with the tokenizer's special tokens (only what its attention mask keeps), the target
-    without, plus its eos with `end_with_eos`.  A pair is kept when prompt + target tokens <= `max_seq_len`.
-    `environment`: a multi-turn environment, whose episodes the pairs are (`episode_rows`).
+    The prompt is the environment's opening, tokenised as the engines receive it; the target its
+    episode (`target_episode`: tokenised without special tokens, plus the tokenizer's eos with
+    `end_with_eos`).  A row is kept when prompt + target tokens <= `max_seq_len`.  `environment`: the
+    run's (None: the single-turn one of `template`).
     """
     prompt = template if isinstance(template, Prompt) else Prompt(template)
+    environment = environment if environment is not None else SingleTurnEnvironment(prompt)
+    if end_with_eos and tokenizer.eos_token_id is None:
+        raise ValueError("end_with_eos: the tokenizer has no eos token to end the targets with")
     skipped: Counter = Counter()
-    pairs = []
+    out = SFTData()
     for ex in examples:
         target = format_sft_target(ex.solution, prompt) if ex.solution else None
         if target is None:
             skipped[SKIP_NO_SOLUTION] += 1
             continue
-        if environment is None and has_tool_responses(target):
+        if not environment.multi_turn and has_tool_responses(target):
             skipped[SKIP_TOOL_REPLIES] += 1
             continue
-        pairs.append((ex, target) if environment is not None else (prompt.render(ex.question, tokenizer), target))
-    if environment is not None:
-        return episode_rows(pairs, tokenizer, environment, max_seq_len, end_with_eos, skipped)
-    out = SFTData([], [], [], {})
-    for lo in range(0, len(pairs), chunk_size):  # batched: the fast tokenizers' parallel path
-        prompts, targets = zip(*pairs[lo:lo + chunk_size])
-        p_enc = tokenizer(list(prompts))
-        t_enc = tokenizer(list(targets), add_special_tokens=False)
-        for prompt, target, mask, t_ids in zip(prompts, targets, p_enc["attention_mask"], t_enc["input_ids"]):
-            n = int(sum(mask)) + len(t_ids) + int(end_with_eos)
-            if n > max_seq_len:
-                skipped[SKIP_TOO_LONG] += 1
-                continue
-            out.prompts.append(prompt)
-            out.targets.append(target)
-            out.num_tokens.append(n)
-    out.skipped = dict(skipped)
-    return out
-
-
-def episode_rows(pairs: list, tokenizer, environment, max_seq_len: int, end_with_eos: bool,
-                 skipped: Counter) -> SFTData:
-    """SFT pairs as episodes of `environment`: `pairs` of (example, target), the prompt the environment's
-    opening and the target tokenised by `rlft.envs.sft_targets.target_token_ids` (the eos ending the
-    last turn added with `end_with_eos`)."""
-    out = SFTData([], [], [], {}, token_rows=[])
-    for ex, target in pairs:
         start = environment.open(ex.question, ex.ground_truth)
         prompt_ids = start.token_ids(tokenizer)
         try:
-            ids, mask = target_token_ids(tokenizer, start, target)
+            episode = target_episode(tokenizer, start, target,
+                                     eos_token_id=tokenizer.eos_token_id if end_with_eos else None)
         except TargetError:
             skipped[SKIP_BAD_TOOL_TARGET] += 1
             continue
-        if end_with_eos:
-            ids, mask = ids + [tokenizer.eos_token_id], mask + [1]
-        if len(prompt_ids) + len(ids) > max_seq_len:
+        if len(prompt_ids) + len(episode.token_ids) > max_seq_len:
             skipped[SKIP_TOO_LONG] += 1
             continue
-        out.prompts.append(start.render(tokenizer))
+        out.rows.append(RolloutRow(ex, start.render(tokenizer), prompt_ids, episode))
         out.targets.append(target)
-        out.num_tokens.append(len(prompt_ids) + len(ids))
-        out.token_rows.append((prompt_ids, ids, mask))
     out.skipped = dict(skipped)
     return out
 
 
 def sft_batch(data: SFTData, indices: list[int], tokenizer, padding_side: str = "right", *,
               end_with_eos: bool = False) -> RolloutBatch:
-    """The training batch of the pairs at `indices`: its `response_mask` (label-aligned: column t
-    is 1 when token t+1 is a target token) selects the target tokens the loss reads, the eos that
-    ends each target included with `end_with_eos`; an episode's tool replies stay out of it."""
-    if data.token_rows is not None:
-        rows = [data.token_rows[i] for i in indices]
-        special = ({} if end_with_eos
-                   else {"eos_token_id": tokenizer.eos_token_id, "bos_token_id": tokenizer.bos_token_id})
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        return build_rollout_batch([r[0] for r in rows], [r[1] for r in rows], pad_token_id=pad, **special,
-                                   padding_side=padding_side, response_token_masks=[r[2] for r in rows])
-    return tokenize_prompt_and_output([data.prompts[i] for i in indices], [data.targets[i] for i in indices],
-                                      tokenizer, padding_side=padding_side, append_eos=end_with_eos)
+    """The training batch of the rows at `indices`: its `response_mask` (label-aligned: column t is 1
+    when token t+1 is a target token) selects the target tokens the loss reads, the eos that ends each
+    target included with `end_with_eos` (other eos and bos ids left out); an episode's tool replies
+    stay out of it."""
+    rows = [data.rows[i] for i in indices]
+    special = {} if end_with_eos else {"eos_token_id": tokenizer.eos_token_id, "bos_token_id": tokenizer.bos_token_id}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError("tokenizer has neither a pad token nor an eos token to pad with")
+    return build_rollout_batch([row.prompt_ids for row in rows], [row.response_ids for row in rows], pad_token_id=pad,
+                               **special, padding_side=padding_side, response_mask=[row.response_mask for row in rows])
 
 
 def sft_total_steps(num_examples: int, batch_size: int, epochs: int, max_steps: int | None) -> int:
@@ -153,8 +136,7 @@ class SFTFeeder:
             raise ConfigError(f"data.source: {e}") from None
         max_seq_len = min(cfg.sft.max_seq_len, context or cfg.sft.max_seq_len)
         e = cfg.environment
-        environment = (make_environment(e.name, prompt_of(cfg), e.options)
-                       if environment_record(e.name).multi_turn else None)
+        environment = make_environment(e.name, prompt_of(cfg), e.options)
         data = build_sft_data(loaded.examples, tokenizer, template=prompt_of(cfg), max_seq_len=max_seq_len,
                               end_with_eos=cfg.sft.end_with_eos, environment=environment)
         data.skipped = dict(Counter(loaded.skipped) + Counter(data.skipped))
