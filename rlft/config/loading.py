@@ -20,7 +20,8 @@ import yaml
 
 from rlft.common import say_line
 from rlft.config.plugins import load_plugins
-from rlft.config.checks import check_nodes, check_topology, config_warnings, validate
+from rlft.config.checks import config_warnings, validate
+from rlft.config.topology_checks import check_nodes, check_topology
 from rlft.config.launchers import LAUNCHERS
 from rlft.config.schema import (
     CHECKPOINT_STATE_FILE,

@@ -64,9 +64,14 @@ class LoRAConfig:
             raise ConfigError(f"model.lora.sync: must be one of {', '.join(LORA_SYNC_MODES)}, got {self.sync!r}")
 
     @property
+    def adapter_sync(self) -> bool:
+        """`sync: adapter` is asked for (whether LoRA is on or not)."""
+        return self.sync == "adapter"
+
+    @property
     def sends_adapters(self) -> bool:
         """Each weight sync sends the adapters alone, which the engines load as a LoRA adapter."""
-        return self.enabled and self.sync == "adapter"
+        return self.enabled and self.adapter_sync
 
 @dataclass
 class ModelConfig:
@@ -246,7 +251,7 @@ class OptimConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     warmup_steps: int = 0
-    lr_schedule: str = "constant"  # constant | cosine (after warm-up)
+    lr_schedule: str = "constant"  # constant | cosine (after warm-up); records in rlft/config/lr_schedules.py
     rollout_batch_size: int = 256  # responses per step = prompts per step * group_size
     train_micro_batch_size: int = 2  # sequences per pipeline micro-batch
     # > 0: micro-batches by a token budget instead (rows sorted by length, rows x longest row <= this
