@@ -308,13 +308,17 @@ def _check_environment(cfg: RunConfig) -> None:
     """The environment can be had (a registered name, or a module:Class that imports and is an
     Environment), its episodes fit the settings, and one that offers tools has a chat prompt."""
     from rlft.data.prompts import prompt_of
-    from rlft.envs.registry import EnvironmentSpecError, environment_record
+    from rlft.envs.registry import EnvironmentSpecError, check_tools, environment_record
 
     e = cfg.environment
     try:
         record = environment_record(e.name)
     except EnvironmentSpecError as err:
         raise ConfigError(f"environment.name: {err}") from None
+    try:
+        check_tools(e.name, e.tools)
+    except EnvironmentSpecError as err:
+        raise ConfigError(str(err)) from None
     _require(isinstance(e.options, dict), f"environment.options: expected a mapping of keyword arguments, got {e.options!r}")
     _require(e.max_turns >= 1, f"environment.max_turns: must be >= 1, got {e.max_turns}")
     _require(e.max_episode_tokens is None or e.max_episode_tokens >= 1,

@@ -363,10 +363,14 @@ class SFTConfig:
 @dataclass
 class EnvironmentConfig:
     # What a rollout is: single_turn (the run's prompt, one completion), calculator (GSM8K with a calculator
-    # tool through the chat template, several turns), a registered name, or a user's module:Class
-    # (rlft.envs.base.Environment).
+    # tool through the chat template, several turns), tools (the tools of environment.tools), a registered
+    # name, or a user's module:Class (rlft.envs.base.Environment).
     name: str = "single_turn"
     options: dict = field(default_factory=dict)  # keyword arguments of the environment's constructor
+    # The tools the model may call, for an environment that takes tools (tools, calculator: added to its
+    # own): a registered tool's name (calculator) or module:function, a typed function whose docstring
+    # says what it does and what each argument is (rlft/envs/tools.py reads its JSON schema from them).
+    tools: list[str] = field(default_factory=list)
     max_turns: int = 4  # the model's turns per episode (the last one gets no tool round after it)
     # Tokens after the prompt per episode, the inserted tool replies included (null = sampling.max_tokens)
     max_episode_tokens: int | None = None

@@ -8,6 +8,7 @@ name               multi_turn  what
 =================  ==========  ===========================================================
 ``single_turn``    no          today's rollout: the run's prompt, one completion, no tools
 ``calculator``     yes         GSM8K with a calculator tool (:mod:`rlft.envs.calculator`)
+``tools``          yes         the tools of ``environment.tools`` (:mod:`rlft.envs.tool_environment`)
 ``module:Class``   the class'  a subclass of :class:`~rlft.envs.base.Environment`
 =================  ==========  ===========================================================
 
@@ -27,6 +28,8 @@ from rlft.common import import_object
 from rlft.data.prompts import Prompt
 from rlft.envs.base import Environment, EpisodeStart, SingleTurnEnvironment
 from rlft.envs.calculator import CalculatorEnvironment
+from rlft.envs.tool_environment import ToolEnvironment
+from rlft.envs.tools import ToolSpecError, resolve_tools
 
 DEFAULT_ENVIRONMENT = "single_turn"
 # The probe episode make_environment opens (a GSM8K-like question and its answer).
@@ -49,6 +52,7 @@ class EnvironmentRecord:
     environment's options from the config.  ``multi_turn``: episodes may take several turns (the
     rollout then runs :func:`rlft.envs.episodes.run_episodes`; False: one engine call as today).
     ``needs_chat``: it works only with a chat prompt (tools go through the chat template).
+    ``takes_tools``: it is built with ``tools=[...]`` (``environment.tools``), which it offers the model.
     """
 
     name: str
@@ -56,6 +60,7 @@ class EnvironmentRecord:
     multi_turn: bool
     needs_chat: bool = False
     description: str = ""
+    takes_tools: bool = False
 
 
 ENVIRONMENTS: dict[str, EnvironmentRecord] = {}
@@ -75,8 +80,33 @@ register_environment(EnvironmentRecord(
     "single_turn", SingleTurnEnvironment, multi_turn=False,
     description="the run's prompt, one completion, no tools"))
 register_environment(EnvironmentRecord(
-    "calculator", CalculatorEnvironment, multi_turn=True, needs_chat=True,
+    "calculator", CalculatorEnvironment, multi_turn=True, needs_chat=True, takes_tools=True,
     description="GSM8K with a calculator tool offered through the chat template"))
+register_environment(EnvironmentRecord(
+    "tools", ToolEnvironment, multi_turn=True, needs_chat=True, takes_tools=True,
+    description="the tools of environment.tools offered through the chat template"))
+
+
+def check_tools(name: str, tools: list) -> None:
+    """``environment.tools`` for the environment ``name``: each entry can be had and described, their
+    names differ, and the environment takes tools (``tools``: at least one).  One-line
+    :class:`EnvironmentSpecError` otherwise, naming the key (``environment.tools[i]: ...``)."""
+    record = environment_record(name)
+    if tools and not record.takes_tools:
+        raise EnvironmentSpecError(f"environment.tools: environment {name!r} takes no tools; set environment.name: "
+                                   f"tools (or calculator) to offer {tools[0]!r}")
+    if record.build is ToolEnvironment and not tools:
+        raise EnvironmentSpecError(f"environment.tools: environment {name!r} offers the tools listed there, and it "
+                                   f"lists none (e.g. [calculator, my_module:my_function])")
+    for i, entry in enumerate(tools):
+        try:
+            resolve_tools([entry])
+        except ToolSpecError as err:
+            raise EnvironmentSpecError(f"environment.tools[{i}]: {err}") from None
+    try:
+        resolve_tools([*(["calculator"] if record.build is CalculatorEnvironment else []), *tools])
+    except ToolSpecError as err:
+        raise EnvironmentSpecError(f"environment.tools: {err}") from None
 
 
 def _first_line(err: BaseException) -> str:
@@ -128,10 +158,11 @@ def environment_record(name: str) -> EnvironmentRecord:
 
 
 def make_environment(name: str = DEFAULT_ENVIRONMENT, prompt: Prompt | None = None,
-                     options: dict | None = None, *, probe: bool = True) -> Environment:
-    """The environment ``name`` (a registered name or ``module:Class``) built with the run's ``prompt``
-    and ``options``; with ``probe``, one episode is opened on :data:`PROBE_QUESTION` to check that
-    ``open`` works and returns an :class:`~rlft.envs.base.EpisodeStart`.
+                     options: dict | None = None, *, tools: list | tuple = (), probe: bool = True) -> Environment:
+    """The environment ``name`` (a registered name or ``module:Class``) built with the run's ``prompt``,
+    ``options`` and, for one that takes tools, ``tools`` (``environment.tools``); with ``probe``, one
+    episode is opened on :data:`PROBE_QUESTION` to check that ``open`` works and returns an
+    :class:`~rlft.envs.base.EpisodeStart`.
 
     Raises:
         EnvironmentSpecError: one line naming the problem (unknown name, import failure, missing or
@@ -142,8 +173,10 @@ def make_environment(name: str = DEFAULT_ENVIRONMENT, prompt: Prompt | None = No
     if record.needs_chat and not prompt.is_chat:
         raise EnvironmentSpecError(f"environment {name!r} offers tools through the chat template: use a chat "
                                    "prompt (data.prompt_template: chat)")
+    if tools and not record.takes_tools:
+        raise EnvironmentSpecError(f"environment {name!r} takes no tools, and was given {len(tools)}")
     try:
-        env = record.build(prompt, **(options or {}))
+        env = record.build(prompt, **(options or {}), **({"tools": list(tools)} if tools else {}))
     except Exception as err:
         raise EnvironmentSpecError(f"environment {name!r} could not be built ({_first_line(err)})") from None
     if not isinstance(env, Environment):
