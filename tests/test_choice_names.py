@@ -1,6 +1,6 @@
 """No code compares a choice's name outside the module that records it: the losses, estimators, modes,
-sources, launchers, engines, environments, finish reasons, LoRA sync modes and learning-rate schedules
-are records (or declared lists) whose properties the rest of rlft reads (`rlft.grpo.choices`,
+sources, launchers, engines, environments, finish reasons, LoRA sync modes, weight transports and
+learning-rate schedules are records (or declared lists) whose properties the rest of rlft reads (`rlft.grpo.choices`,
 `rlft.config.launchers`, `rlft.engines.records`, `rlft.envs.registry`, ...).  A comparison such as `g.overlong == "soft_penalty"` elsewhere would leave a
 new choice with the same properties treated differently; this finds every `==`, `!=`, `in` and
 `not in` with a recorded name in rlft/, the AST's version of
@@ -26,6 +26,8 @@ REGISTRIES = {
     "rlft/common.py": {"finish_reasons"},
     "rlft/envs/episodes.py": {"finish_reasons"},
     "rlft/config/schema.py": {"sync_modes"},
+    "rlft/engines/vllm_sender.py": {"weight_transports"},  # the sender's and the worker's two sides
+    "rlft/engines/vllm_worker.py": {"weight_transports"},
     "rlft/config/lr_schedules.py": {"schedules"},
 }
 
@@ -39,6 +41,7 @@ UNRELATED = {
     ("rlft/engines/vllm_engine.py", 'reason == "stop"'): "vLLM's own CompletionOutput.finish_reason, read into rlft's",
     ("rlft/engines/vllm_engine.py", 'reason not in ("stop", "length")'): "vLLM's own CompletionOutput.finish_reason values",
     ("rlft/engines/vllm_worker.py", '"vllm" in sys.modules'): "the vllm package's module name, not the engine's",
+    ("rlft/runtime/bridge.py", 'backend == "gloo"'): "torch.distributed's backend, not a weight transport",
     # Being reworked with the rollout role into one episode shape; compare with rlft.common.LENGTH there.
     ("rlft/roles/rollout.py", 'r == "length"'): "a finish reason, left to the rollout role's rework",
 }
@@ -51,6 +54,7 @@ def choice_groups() -> dict[str, set[str]]:
     from rlft.config.schema import LORA_SYNC_MODES
     from rlft.engines import BACKENDS
     from rlft.engines.base import FINISH_REASONS as ENGINE_FINISH_REASONS
+    from rlft.engines.vllm_sender import TRANSPORTS
     from rlft.envs.episodes import FINISH_REASONS as EPISODE_FINISH_REASONS
     from rlft.envs.registry import ENVIRONMENTS
     from rlft.grpo import (
@@ -71,7 +75,8 @@ def choice_groups() -> dict[str, set[str]]:
     groups = {"grpo": grpo, "launchers": {"pdsh", "slurm", "no_ssh", "openmpi"} | set(LAUNCHERS),
               "engines": set(BACKENDS), "environments": set(ENVIRONMENTS),
               "finish_reasons": set(ENGINE_FINISH_REASONS) | set(EPISODE_FINISH_REASONS),
-              "sync_modes": set(LORA_SYNC_MODES), "schedules": set(LR_SCHEDULES)}
+              "sync_modes": set(LORA_SYNC_MODES), "schedules": set(LR_SCHEDULES),
+              "weight_transports": set(TRANSPORTS) - {"auto"}}  # auto: every setting's word for "decided at start"
     assert {"hf", "vllm"} <= groups["engines"] and {"single_turn", "calculator"} <= groups["environments"]
     assert {"length", "max_turns"} <= groups["finish_reasons"] and groups["schedules"] == {"constant", "cosine"}
     return groups
