@@ -52,7 +52,8 @@ class EnvironmentRecord:
     environment's options from the config.  ``multi_turn``: episodes may take several turns (the
     rollout then runs :func:`rlft.envs.episodes.run_episodes`; False: one engine call as today).
     ``needs_chat``: it works only with a chat prompt (tools go through the chat template).
-    ``takes_tools``: it is built with ``tools=[...]`` (``environment.tools``), which it offers the model.
+    ``takes_tools``: it is built with ``tools=[...]`` (``environment.tools``), which it offers the model
+    beside its ``own_tools`` (the registered tools it always offers); with neither it offers none.
     """
 
     name: str
@@ -61,6 +62,7 @@ class EnvironmentRecord:
     needs_chat: bool = False
     description: str = ""
     takes_tools: bool = False
+    own_tools: tuple[str, ...] = ()
 
 
 ENVIRONMENTS: dict[str, EnvironmentRecord] = {}
@@ -81,6 +83,7 @@ register_environment(EnvironmentRecord(
     description="the run's prompt, one completion, no tools"))
 register_environment(EnvironmentRecord(
     "calculator", CalculatorEnvironment, multi_turn=True, needs_chat=True, takes_tools=True,
+    own_tools=("calculator",),
     description="GSM8K with a calculator tool offered through the chat template"))
 register_environment(EnvironmentRecord(
     "tools", ToolEnvironment, multi_turn=True, needs_chat=True, takes_tools=True,
@@ -95,7 +98,7 @@ def check_tools(name: str, tools: list) -> None:
     if tools and not record.takes_tools:
         raise EnvironmentSpecError(f"environment.tools: environment {name!r} takes no tools; set environment.name: "
                                    f"tools (or calculator) to offer {tools[0]!r}")
-    if record.build is ToolEnvironment and not tools:
+    if record.takes_tools and not record.own_tools and not tools:
         raise EnvironmentSpecError(f"environment.tools: environment {name!r} offers the tools listed there, and it "
                                    f"lists none (e.g. [calculator, my_module:my_function])")
     for i, entry in enumerate(tools):
@@ -104,7 +107,7 @@ def check_tools(name: str, tools: list) -> None:
         except ToolSpecError as err:
             raise EnvironmentSpecError(f"environment.tools[{i}]: {err}") from None
     try:
-        resolve_tools([*(["calculator"] if record.build is CalculatorEnvironment else []), *tools])
+        resolve_tools([*record.own_tools, *tools])
     except ToolSpecError as err:
         raise EnvironmentSpecError(f"environment.tools: {err}") from None
 
