@@ -1,6 +1,6 @@
 """Small rules several modules share, each written once: the run's logger, what a hub id looks like,
-the engines' finish reasons, dtype names and the one dtype rule, a free TCP port, a whole line on stderr, and the object a
-``"module:attribute"`` setting names.  Nothing here imports torch at module level."""
+the engines' finish reasons, dtype names and the one dtype rule, a free TCP port, a whole line on
+stderr, and the object a ``"module:attribute"`` setting names.  Nothing here imports torch at module level."""
 from __future__ import annotations
 
 import importlib

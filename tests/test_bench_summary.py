@@ -52,8 +52,8 @@ QUOTES = [
                   f"({{{I}/rollout_over_raw_engine_min:.3f}}–{{{I}/rollout_over_raw_engine_max:.3f}}), its step "
                   f"{{{I}/rlft_s_per_step:.2f}} s, its sync {{{I}/sync_s:.3f}} s"),
     ("README.md", f"rlft as shipped **{{{W}/rlft_s_per_step:.2f}} s a step, TRL {{{W}/trl_vllm_s_per_step:.2f}} s: "
-                  f"{{{W}/rlft_over_trl:.3f}} ×** (target ≤ 0.45 ×; {{{W}/rlft_over_trl_with_eval:.3f}} × counting the "
-                  f"evaluation one step ran). Sample {{{W}/sample_s:.2f}} against {{{W}/trl_sample_s:.2f}} s, sync "
+                  f"{{{W}/rlft_over_trl:.3f}} ×** (target ≤ 0.45 ×; {{{W}/rlft_over_trl_with_eval:.3f}} × "
+                  f"counting the evaluation one step ran). Sample {{{W}/sample_s:.2f}} against {{{W}/trl_sample_s:.2f}} s, sync "
                   f"{{{W}/sync_s:.3f}} against {{{W}/trl_sync_s:.3f}} s, train MFU {{{W}/train_mfu*100:.1f}} %"),
     ("README.md", "sampled {-fp8_rollouts/fp8_gain/random-0.5b*100:.1f} % slower at the 0.5B shape and "
                   "{-fp8_rollouts/fp8_gain/random-1.5b*100:.1f} % slower at 1.5B"),
