@@ -1,6 +1,6 @@
 """Small rules several modules share, each written once: the run's logger, what a hub id looks like,
-dtype names and the one dtype rule, a free TCP port, a whole line on stderr, and the object a
-``"module:attribute"`` setting names.  Nothing here imports torch at module level."""
+the engines' finish reasons, dtype names and the one dtype rule, a free TCP port, a whole line on
+stderr, and the object a ``"module:attribute"`` setting names.  Nothing here imports torch at module level."""
 from __future__ import annotations
 
 import importlib
@@ -28,6 +28,15 @@ def looks_like_hub_id(text: str) -> bool:
     (`runs/sft` with a `runs/` folder here means a local path that does not exist)."""
     return (bool(HUB_ID.fullmatch(text)) and not text.endswith(LOCAL_FILE_SUFFIXES)
             and not Path(text.split("/")[0]).expanduser().is_dir())
+
+
+# ---------------------------------------------------------------- finish reasons
+
+# Why an engine's response ended (rlft.engines.base.Completion.finish_reason), spelled here once: its
+# stop string or stop token, max_tokens ran out, its end-of-sequence token.  Code that asks why a
+# response ended compares with these names, never with the strings.
+STOP, LENGTH, EOS = "stop", "length", "eos"
+FINISH_REASONS = (STOP, LENGTH, EOS)
 
 
 # ---------------------------------------------------------------- dtypes

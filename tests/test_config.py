@@ -200,6 +200,29 @@ def test_a_new_loss_is_checked_by_the_properties_it_registers():
         POLICY_LOSSES.pop("_test_loss")
 
 
+def test_learning_rate_schedules_are_records_with_their_factors():
+    # Hand-computed: 10 steps, no warm-up: cosine's factor is 1 at step 0, (1 + cos(pi/2)) / 2 = 0.5 at
+    # step 5, 0 at step 10; with 2 warm-up steps the factors are 1/2, 2/2, then cosine over 8 steps.
+    from rlft.config.lr_schedules import LR_SCHEDULES, LRSchedule, register_lr_schedule
+    from rlft.roles.policy import lr_lambda
+
+    cosine = lr_lambda(load_config(None, ["optim.lr_schedule=cosine", "schedule.steps=10"]))
+    assert [cosine(0), cosine(5), cosine(10)] == pytest.approx([1.0, 0.5, 0.0])
+    warm = lr_lambda(load_config(None, ["optim.lr_schedule=cosine", "schedule.steps=10", "optim.warmup_steps=2"]))
+    assert [warm(0), warm(1), warm(2), warm(6)] == pytest.approx([0.5, 1.0, 1.0, 0.5])
+    assert lr_lambda(load_config(None, ["schedule.steps=10"]))(7) == 1.0  # constant
+    with pytest.raises(ConfigError, match="optim.lr_schedule: must be one of constant, cosine, got 'linear'"):
+        load_config(None, ["optim.lr_schedule=linear"])
+    register_lr_schedule(LRSchedule("_test_linear", lambda progress: 1.0 - progress))
+    try:
+        linear = lr_lambda(load_config(None, ["optim.lr_schedule=_test_linear", "schedule.steps=10"]))
+        assert [linear(0), linear(4)] == pytest.approx([1.0, 0.6])
+        with pytest.raises(ValueError, match="already registered"):
+            register_lr_schedule(LRSchedule("cosine", lambda progress: 1.0))
+    finally:
+        LR_SCHEDULES.pop("_test_linear")
+
+
 def test_sampling_defaults_are_the_engines_defaults():
     # The config's sampling section and the engines' SamplingSpec declare the same parameters with
     # the same (vLLM-semantics) defaults; they must not drift apart.

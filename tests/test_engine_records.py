@@ -5,8 +5,10 @@ reads an engine's settings or compares an engine's name."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -172,7 +174,7 @@ THROWAWAY_MODULE = '''
 """HF generate under another name: an engine that lives in this one module."""
 from dataclasses import dataclass
 
-from rlft.engines import Backend, register_backend
+from rlft.engines import Backend, EngineSettingError, register_backend
 from rlft.engines.hf_engine import HFEngine
 
 
@@ -184,13 +186,24 @@ class CountingEngine(HFEngine):
         return super().generate(prompt_token_ids, spec)
 
 
+@dataclass
+class CountingSettings:  # the config's sampling.counting section
+    batch_cap: int | None = None  # sequences a batch holds at most (null: a group's)
+
+
 @dataclass(frozen=True)
 class CountingBackend(Backend):
+    def check_settings(self, sampling):
+        cap = sampling.counting.batch_cap
+        if cap is not None and cap < 1:
+            raise EngineSettingError(f"sampling.counting.batch_cap: must be >= 1 or null, got {cap}")
+
     def options(self, cfg, device_type):
-        return {"max_batch_sequences": cfg.grpo.group_size}
+        return {"max_batch_sequences": cfg.sampling.counting.batch_cap or cfg.grpo.group_size}
 
 
-RECORD = register_backend(CountingBackend("counting", engine=f"{__name__}:CountingEngine", label="counting"))
+RECORD = register_backend(CountingBackend("counting", engine=f"{__name__}:CountingEngine", label="counting",
+                                          settings=CountingSettings))
 '''
 
 
@@ -238,6 +251,42 @@ def test_a_new_engine_is_its_module_named_in_the_config(throwaway_module, tmp_pa
     assert (record.gpu_share(ctx.cfg, "cuda"), record.sleeps(ctx.cfg, "cuda"), record.own_gpu_process) == (
         0.0, False, False)
 
+
+
+def test_a_new_engine_brings_its_own_settings_section(throwaway_module, tmp_path):
+    # sampling.counting exists once the engine's module is named; it is typed, checked and saved as
+    # every section is, and the engine's record alone reads it.
+    from rlft.config import save_config
+
+    with pytest.raises(ConfigError, match=r"^sampling.counting: unknown key"):
+        load_config(None, ["sampling.counting.batch_cap=3"])
+    plugin = f"plugins=[{throwaway_module}]"
+    cfg = load_config(None, [plugin, "sampling.backend=counting", "sampling.counting.batch_cap=3"])
+    assert cfg.sampling.counting.batch_cap == 3 and BACKENDS["counting"].options(cfg, "cpu") == {
+        "max_batch_sequences": 3}
+    assert BACKENDS["counting"].options(load_config(None, [plugin, "grpo.group_size=4"]), "cpu") == {
+        "max_batch_sequences": 4}  # its default, null: a group's
+    for override, message in (("sampling.counting.batch_cap=0", "sampling.counting.batch_cap: must be >= 1 or null, got 0"),
+                              ("sampling.counting.batch_cap=many", "sampling.counting.batch_cap: expected an integer or null"),
+                              ("sampling.counting.batch_capp=2", "sampling.counting.batch_capp: unknown key (did you mean "
+                                                                  "'sampling.counting.batch_cap'?)")):
+        with pytest.raises(ConfigError, match=f"^{re.escape(message)}"):
+            load_config(None, [plugin, override])
+    # From a YAML file naming the plugin, and back from the config a run saves (vLLM's section beside it).
+    path = tmp_path / "run.yaml"
+    path.write_text(f"plugins: [{throwaway_module}]\nsampling:\n  backend: counting\n  counting:\n    batch_cap: 5\n")
+    saved = tmp_path / "saved.yaml"
+    save_config(load_config(path), saved)
+    assert yaml.safe_load(saved.read_text())["sampling"]["counting"] == {"batch_cap": 5}
+    again = load_config(saved)
+    assert again.sampling.counting.batch_cap == 5 and again.sampling.vllm.sleep_mode == "auto"
+    # The CLI's one line, exit 2, before any rank starts.
+    run = subprocess.run([sys.executable, "-c", "from rlft.config import load_config_or_exit; "
+                          f"load_config_or_exit(None, ['{plugin}', 'sampling.counting.batch_cap=-1'])"],
+                         capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"})
+    assert run.returncode == 2 and run.stderr.strip().splitlines()[-1] == (
+        "rlft: config error: sampling.counting.batch_cap: must be >= 1 or null, got -1")
 
 
 def test_an_engine_class_that_cannot_be_imported_is_one_line_naming_the_backend():

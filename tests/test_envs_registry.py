@@ -156,7 +156,7 @@ def test_a_broken_users_environment_is_refused_with_one_line(user_modules, case)
 
 
 @pytest.mark.parametrize("name, expected", [
-    ("nope", "unknown environment 'nope': use one of ['calculator', 'single_turn'] or module:Class"),
+    ("nope", "unknown environment 'nope': use one of ['calculator', 'single_turn', 'tools'] or module:Class"),
     ("rlft_no_such_module_xyz:Env", "environment 'rlft_no_such_module_xyz:Env': cannot import module "
                                     "'rlft_no_such_module_xyz' (ModuleNotFoundError: No module named "
                                     "'rlft_no_such_module_xyz')"),

@@ -230,3 +230,26 @@ def test_sft_is_told_that_it_draws_uniformly():
     cfg = load_config(TINY, [f"data.source={GSM8K}", "data.sampler=difficulty"])
     assert any("SFT has no rollouts and draws its rows uniformly" in w for w in config_warnings(cfg, rollouts=False))
     assert not any("SFT" in w for w in config_warnings(cfg, rollouts=True))
+
+
+def test_a_new_prompt_order_is_one_registered_record():
+    # An order of the user's (a plugin's register_prompt_sampler call): each epoch the rows backwards.
+    from rlft.data.prompt_samplers import SamplerChoice, register_prompt_sampler
+
+    class Backwards(PromptSampler):
+        def epoch_order(self, epoch: int) -> list[int]:
+            return list(range(self.num_examples))[::-1]
+
+    base = [f"data.source={GSM8K}", "data.train_size=10", "data.sampler=_test_backwards"]
+    with pytest.raises(ConfigError, match="^data.sampler: must be one of uniform, difficulty, got '_test_backwards'$"):
+        load_config(TINY, base)
+    register_prompt_sampler(SamplerChoice("_test_backwards", learns_from_rewards=False, description="backwards",
+                                          build=lambda n, batch, seed, data: Backwards(n, batch, seed)))
+    try:
+        source = PromptSource(load_config(TINY, base), None, 3)
+        assert [[ex.index for ex in source.next_examples()] for _ in range(4)] == [
+            [9, 8, 7], [6, 5, 4], [3, 2, 1], [9, 8, 7]]  # 10 rows in batches of 3: row 0 left out of each epoch
+        with pytest.raises(ValueError, match="'uniform' is already registered"):
+            register_prompt_sampler(SamplerChoice("uniform", learns_from_rewards=False, build=None, description=""))
+    finally:
+        PROMPT_SAMPLERS.pop("_test_backwards")

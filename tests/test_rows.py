@@ -69,6 +69,31 @@ def test_gsm8k_gold_reads_as_before():
     assert set(GOLD_KINDS) == {"gsm8k", "boxed", "plain"}
 
 
+def test_a_new_gold_kind_is_one_registered_record(tmp_path):
+    # A kind of the user's (a plugin's register_gold_kind call): the gold is "ANSWER: n", n the answer.
+    from rlft.data.rows import GoldKind, register_gold_kind
+
+    def read_answer_line(value):
+        text = str(value)
+        return (text.split("ANSWER:")[-1].strip(), None) if "ANSWER:" in text else (None, "no_final_answer")
+
+    rows = write_jsonl(tmp_path / "train.jsonl", [{"q": "2+3?", "a": "ANSWER: 5"}, {"q": "x?", "a": "none"},
+                                                 {"q": "7*6?", "a": "ANSWER: 42"}])
+    fields = [f"data.source={rows}", "data.fields.question=q", "data.fields.gold=a", "data.fields.gold_kind=_test_line"]
+    with pytest.raises(ConfigError, match="^data.fields.gold_kind: must be one of gsm8k, boxed, plain, got '_test_line'$"):
+        load_config(TINY, fields)
+    register_gold_kind(GoldKind("_test_line", read_answer_line, solution=False, description="after ANSWER:"))
+    try:
+        load_config(TINY, fields)
+        result = load_examples(str(rows), "train", rows=RowMapping("q", "a", "_test_line"))
+        assert [(e.question, e.ground_truth) for e in result.examples] == [("2+3?", "5"), ("7*6?", "42")]
+        assert result.skipped == {"no_final_answer": 1}
+        with pytest.raises(ValueError, match="'gsm8k' is already registered"):
+            register_gold_kind(GoldKind("gsm8k", read_answer_line, solution=False, description=""))
+    finally:
+        GOLD_KINDS.pop("_test_line")
+
+
 # ----------------------------------------------------------------------------- files
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
+from rlft.common import LENGTH
 from rlft.grpo.choices import OVERLONG_MODES, Implementations, OverlongMode
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def truncated_rows(finish_reasons: Sequence[str]) -> torch.Tensor:
     """Bool ``[B]``: True where the response was cut by ``max_tokens`` (finish reason "length")."""
     import torch
 
-    return torch.tensor([reason == "length" for reason in finish_reasons], dtype=torch.bool)
+    return torch.tensor([reason == LENGTH for reason in finish_reasons], dtype=torch.bool)
 
 
 def soft_overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int, penalty: float) -> torch.Tensor:

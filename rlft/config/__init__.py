@@ -3,7 +3,9 @@
     loading.py       load_config / build_config / save_config: YAML + overrides -> a validated RunConfig
     schema.py        the typed sections (dataclasses with named defaults) and ConfigError
     checks.py        validate(): ranges and the rules across fields, read from the choices' records
+    distill_sections.py  the teacher: and distill: sections (on-policy distillation)
     distill_checks.py  teacher: and distill: (signal, teacher, ranges); the teacher's tokenizer against the student's
+    topology_checks.py  the topology's rules: roles' ranks, pipelines, nodes, the batch over replicas
     plugins.py       plugins: the user's modules, imported before the checks so their choices are known
     topology.py      which rank hosts which role, from `topology:`
     role_records.py  ROLES: one record per role (the topology key that places it, whether a run builds
@@ -13,6 +15,7 @@
     start_model.py   output.init_checkpoint: refused, with the SFT config that makes it, when missing
     launch_plan.py   python -m rlft.config.launch_plan: the deepspeed command a config asks for
     launchers.py     DeepSpeed's multi-node launchers: one record each, and the options it needs
+    lr_schedules.py  the learning-rate schedules (optim.lr_schedule): one record each, its factor
     resume_rules.py  the checkpoints of an output directory: which one resumes, what it may change
     outdir_lock.py   one launch per output directory (OUT/.lock)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 # or rollout IS mode, old log-probs' source, launcher or backend is accepted as soon as it is recorded there.  None of them imports torch: rlft.config.launch_plan checks a config without it.
 from rlft.common import DTYPE_CHOICES
 from rlft.config import schema
-from rlft.config.launchers import LAUNCHERS
+from rlft.config.lr_schedules import LR_SCHEDULES
 from rlft.config.schema import (
     CHECKPOINT_STATE_FILE,
     OVERSAMPLE_AUTO,
@@ -21,7 +21,6 @@ from rlft.config.schema import (
     RewardConfig,
     RunConfig,
     SamplingConfig,
-    TopologyConfig,
     check_sampling_ranges,
 )
 from rlft.engines import AUTO, BACKENDS, EngineSettingError, backend_choices
@@ -34,8 +33,8 @@ from rlft.grpo import (
     POLICY_LOSSES,
     ROLLOUT_IS_MODES,
 )
-from rlft.config.role_records import EXTRA_ROLES, ROLES, placed_ranks
 from rlft.config.distill_checks import check_distillation, distill_warnings
+from rlft.config.topology_checks import check_batch_split
 
 
 def _require(ok: bool, message: str) -> None:
@@ -155,7 +154,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_output_and_data(cfg)
     _check_environment(cfg)
     _check_sft(cfg.sft)
-    _check_batch_split(cfg.topology, cfg.optim)
+    check_batch_split(cfg.topology, cfg.optim)
     _check_reporting(cfg.reporting)
     check_distillation(cfg)
     return cfg
@@ -245,7 +244,7 @@ def _check_lora_sync(cfg: RunConfig) -> None:
     run's settings (its record's `check_adapter_sync`).  `sampling.backend: auto` passes when one of the
     engines installed here can; the one it becomes is checked again at start (`settle_backend`)."""
     lora, backend = cfg.model.lora, cfg.sampling.backend
-    if lora.sync != "adapter":
+    if not lora.adapter_sync:
         return
     _require(lora.enabled, "model.lora.sync: adapter sends the LoRA adapters alone to the sampler, and needs "
                            "model.lora.enabled: true (or leave model.lora.sync at merged)")
@@ -273,8 +272,8 @@ def _check_optim(o: schema.OptimConfig, g: GRPOConfig) -> None:
              f"optim.betas: must be two numbers in [0, 1), got {o.betas}")
     _require(o.weight_decay >= 0, f"optim.weight_decay: must be >= 0, got {o.weight_decay}")
     _require(o.grad_clip >= 0, f"optim.grad_clip: must be >= 0 (0 = off), got {o.grad_clip}")
-    _require(o.lr_schedule in ("constant", "cosine"),
-             f"optim.lr_schedule: must be constant or cosine, got '{o.lr_schedule}'")
+    _require(o.lr_schedule in LR_SCHEDULES,
+             f"optim.lr_schedule: must be one of {', '.join(LR_SCHEDULES)}, got '{o.lr_schedule}'")
     _require(o.warmup_steps >= 0, f"optim.warmup_steps: must be >= 0, got {o.warmup_steps}")
     _require(o.max_nonfinite_steps >= 1, f"optim.max_nonfinite_steps: must be >= 1, got {o.max_nonfinite_steps}")
     _require(o.divergence_factor == 0 or 1 < o.divergence_factor < float("inf"),
@@ -311,13 +310,17 @@ def _check_environment(cfg: RunConfig) -> None:
     """The environment can be had (a registered name, or a module:Class that imports and is an
     Environment), its episodes fit the settings, and one that offers tools has a chat prompt."""
     from rlft.data.prompts import prompt_of
-    from rlft.envs.registry import EnvironmentSpecError, environment_record
+    from rlft.envs.registry import EnvironmentSpecError, check_tools, environment_record
 
     e = cfg.environment
     try:
         record = environment_record(e.name)
     except EnvironmentSpecError as err:
         raise ConfigError(f"environment.name: {err}") from None
+    try:
+        check_tools(e.name, e.tools)
+    except EnvironmentSpecError as err:
+        raise ConfigError(str(err)) from None
     _require(isinstance(e.options, dict), f"environment.options: expected a mapping of keyword arguments, got {e.options!r}")
     _require(e.max_turns >= 1, f"environment.max_turns: must be >= 1, got {e.max_turns}")
     _require(e.max_episode_tokens is None or e.max_episode_tokens >= 1,
@@ -384,19 +387,6 @@ def _check_sft(sft: schema.SFTConfig) -> None:
              f"sft.train_size: must be >= 1 or null, got {sft.train_size}")
 
 
-def _check_batch_split(t: TopologyConfig, o: schema.OptimConfig) -> None:
-    check_topology(t)
-    _require(0 < t.collective_timeout_minutes < float("inf"),
-             f"topology.collective_timeout_minutes: must be a finite number > 0, got {t.collective_timeout_minutes}")
-    _require(t.gpu_memory_fraction is None or 0 < t.gpu_memory_fraction <= 1,
-             f"topology.gpu_memory_fraction: must be in (0, 1] or null, got {t.gpu_memory_fraction}")
-    dp = len(t.policy_ranks) // t.pipeline_stages
-    per_replica = o.rollout_batch_size // dp if dp else 0
-    _require(o.rollout_batch_size % dp == 0 and per_replica % o.train_micro_batch_size == 0,
-             f"optim.rollout_batch_size: {o.rollout_batch_size} must split evenly into {dp} data-parallel "
-             f"replica(s) x micro-batches of optim.train_micro_batch_size={o.train_micro_batch_size}")
-
-
 def config_warnings(cfg: RunConfig, *, rollouts: bool = True) -> list[str]:
     """Settings that are valid but waste a run without failing it, one sentence each (logged at
     start).  `rollouts`: the trainer samples training responses (GRPO; not SFT)."""
@@ -423,50 +413,3 @@ def config_warnings(cfg: RunConfig, *, rollouts: bool = True) -> list[str]:
                      f"training rows themselves; point data.source at a directory holding "
                      f"{cfg.data.train_split} and {cfg.data.eval_split} files to evaluate on held-out rows")
     return found + (distill_warnings(cfg) if rollouts else [])
-
-
-def check_topology(t: TopologyConfig) -> None:
-    """Refuse impossible topologies before anything starts; messages name the problem.  Where the
-    roles are is read from their records (`rlft.config.role_records.ROLES`)."""
-    _require(bool(t.policy_ranks), "topology.policy_ranks: must list at least one rank")
-    _check_extra_roles(t)
-    _require(all(r >= 0 for r in placed_ranks(t)), "topology: ranks must be >= 0")
-    dup = sorted({r for r in t.policy_ranks if t.policy_ranks.count(r) > 1})
-    _require(not dup, f"topology.policy_ranks: rank(s) {dup} listed more than once")
-    _require(t.pipeline_stages >= 1, f"topology.pipeline_stages: must be >= 1, got {t.pipeline_stages}")
-    _require(len(t.policy_ranks) % t.pipeline_stages == 0,
-             f"topology.policy_ranks: {len(t.policy_ranks)} policy ranks cannot form pipelines of "
-             f"{t.pipeline_stages} stages (need a multiple of topology.pipeline_stages)")
-    _require(t.nodes >= 1, f"topology.nodes: must be >= 1, got {t.nodes}")
-    check_nodes(t)
-    ws = t.world_size()
-    used = set(placed_ranks(t))
-    idle = sorted(set(range(ws)) - used)
-    _require(not idle, f"topology: rank(s) {idle} of the {ws} launched would host no role; "
-                       f"renumber the roles to use ranks 0..{len(used) - 1}")
-
-
-def _check_extra_roles(t: TopologyConfig) -> None:
-    """`topology.extra_roles` names registered roles that have no rank key of their own."""
-    placed_here = [r.name for r in ROLES.values() if not r.key_of_its_own]
-    for name, rank in t.extra_roles.items():
-        key, role = f"topology.{EXTRA_ROLES}.{name}", ROLES.get(name)
-        if role is None:
-            raise ConfigError(f"{key}: no role of that name is registered (roles placed here: "
-                              f"{', '.join(placed_here) or 'none'}; see rlft/config/role_records.py)")
-        _require(not role.key_of_its_own, f"{key}: the {name} role is placed by topology.{role.rank_key}")
-        _require(isinstance(rank, int) and not isinstance(rank, bool), f"{key}: expected an integer, got {rank!r}")
-
-
-def check_nodes(t: TopologyConfig) -> None:
-    """The multi-node settings; the hostfile itself is checked where it is read (rlft.config.launch_plan)."""
-    _require(t.launcher in LAUNCHERS, f"topology.launcher: must be one of {', '.join(LAUNCHERS)}, got '{t.launcher}'")
-    _require(t.master_port is None or 0 < t.master_port < 65536,
-             f"topology.master_port: must be a TCP port (1-65535) or null, got {t.master_port}")
-    _require(t.node_rank is None or 0 <= t.node_rank < t.nodes,
-             f"topology.node_rank: must be between 0 and topology.nodes - 1 ({t.nodes - 1}), got {t.node_rank}")
-    _require(t.nodes == 1 or t.world_size() % t.nodes == 0,
-             f"topology.nodes: {t.world_size()} ranks do not split evenly over {t.nodes} nodes")
-    if t.nodes > 1 and LAUNCHERS[t.launcher].per_node_launch:
-        _require(bool(t.master_addr), f"topology.master_addr: required with topology.launcher={t.launcher} (node 0's "
-                                      f"address, as every node reaches it)")

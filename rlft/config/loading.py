@@ -20,7 +20,8 @@ import yaml
 
 from rlft.common import say_line
 from rlft.config.plugins import load_plugins
-from rlft.config.checks import check_nodes, check_topology, config_warnings, validate
+from rlft.config.checks import config_warnings, validate
+from rlft.config.topology_checks import check_nodes, check_topology
 from rlft.config.launchers import LAUNCHERS
 from rlft.config.schema import (
     CHECKPOINT_STATE_FILE,
@@ -36,8 +37,9 @@ from rlft.config.schema import (
     ScheduleConfig,
     SFTConfig,
     TopologyConfig,
-    VLLMConfig,
+    engine_sections,
 )
+from rlft.engines.vllm_backend import VLLMSettings as VLLMConfig  # vLLM's section, by the name it had here
 
 __all__ = [  # the schema's and the checks' names are re-exported: `from rlft.config import ...` finds all
     "CHECKPOINT_STATE_FILE", "LAUNCHERS", "ConfigError", "DataConfig", "GRPOConfig", "ModelConfig",
@@ -119,8 +121,13 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     return value
 
 
+def _sections(cls: type) -> dict[str, type]:
+    """The sections a class takes besides its fields: the sampling section's engines' settings."""
+    return engine_sections() if cls is SamplingConfig else {}
+
+
 def _unknown_key(cls: type, key: str, path: str) -> ConfigError:
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = [f.name for f in dataclasses.fields(cls)] + list(_sections(cls))
     where = f"{path}.{key}" if path else key
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
     hint = f" (did you mean '{(path + '.') if path else ''}{close[0]}'?)" if close else ""
@@ -130,12 +137,20 @@ def _unknown_key(cls: type, key: str, path: str) -> ConfigError:
 def _build(cls: type, data: dict, path: str = ""):
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
+    sections = _sections(cls)
+    kwargs, extra = {}, {}
     for key, value in data.items():
-        if key not in fields:
+        where = f"{path}.{key}" if path else key
+        if key in fields:
+            kwargs[key] = _coerce(value, hints[key], where)
+        elif key in sections:
+            extra[key] = _coerce(value, sections[key], where)
+        else:
             raise _unknown_key(cls, str(key), path)
-        kwargs[key] = _coerce(value, hints[key], f"{path}.{key}" if path else key)
-    return cls(**kwargs)
+    built = cls(**kwargs)
+    for key, section in extra.items():
+        setattr(built, key, section)
+    return built
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
@@ -175,7 +190,7 @@ def _check_override_path(keys: list[str]) -> Any:
             continue
         if not dataclasses.is_dataclass(cls):
             raise ConfigError(f"{'.'.join(done)}: is a value, not a section (cannot set '{'.'.join(keys)}')")
-        hints = typing.get_type_hints(cls)
+        hints = {**typing.get_type_hints(cls), **_sections(cls)}
         if k not in hints:
             raise _unknown_key(cls, k, ".".join(done))
         cls = hints[k]
@@ -199,6 +214,7 @@ def build_config(data: dict | None = None, overrides: list[str] | tuple[str, ...
     data = {} if data is None else dict(data)
     if not isinstance(data, dict):
         raise ConfigError("config: the YAML file must hold a mapping of sections")
+    _load_plugins_first(data, overrides)
     for text in overrides:
         keys, value = _parse_override(text)
         tp = _check_override_path(keys)
@@ -209,6 +225,18 @@ def build_config(data: dict | None = None, overrides: list[str] | tuple[str, ...
     cfg = _build(RunConfig, data)
     cfg.plugins = load_plugins(cfg.plugins)  # before the checks: the plugins' choices become known
     return validate(cfg)
+
+
+def _load_plugins_first(data: dict, overrides) -> None:
+    """Import the config's plugins (the file's, or an override's) before anything is built: the
+    engines they register bring their settings sections (`sampling.<name>`)."""
+    entries = data.get("plugins")
+    for text in overrides:
+        keys, value = _parse_override(text)
+        if keys == ["plugins"]:
+            entries = value
+    if entries:
+        load_plugins(_coerce(entries, list[str], "plugins"))
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:

@@ -4,7 +4,7 @@ never its name.
     ROLES  policy, sampler, reference, teacher, evaluator: the topology's roles, in the order a rank's
            description lists them (`rlft.config.topology.RankRoles.describe`)
 
-The records are read by the config (`rlft.config.checks.check_topology`: ranks >= 0, no idle rank,
+The records are read by the config (`rlft.config.topology_checks.check_topology`: ranks >= 0, no idle rank,
 the names in `topology.extra_roles`; `TopologyConfig.world_size`), the topology (`roles_for_rank`:
 which roles a rank hosts), `rlft.runtime.build.build_roles` (which roles this rank builds, and how)
 and the rank's context (`rlft.runtime.context.RankContext`: the role objects, their engines, the

@@ -14,7 +14,8 @@ prompt's pass rate (the share of its group's responses with ``answer_reward`` 1)
 and reports its pools in the step's metrics (``sampler/*``).  Every sampler's state goes into the
 checkpoint (JSON) and is restored on resume; the same seed and rewards draw the same order.
 
-A new order is one record in :data:`PROMPT_SAMPLERS` (torch-free: the config checks read it).
+A new order is one record in :data:`PROMPT_SAMPLERS` (torch-free: the config checks read it), or one
+:func:`register_prompt_sampler` call in a module named in ``plugins:``.
 """
 from __future__ import annotations
 
@@ -269,6 +270,17 @@ PROMPT_SAMPLERS: dict[str, SamplerChoice] = {c.name: c for c in (
     SamplerChoice("difficulty", learns_from_rewards=True, build=_difficulty,
                   description="always-solved and never-solved prompts rest, by the rollouts' pass rates"),
 )}
+
+
+def register_prompt_sampler(choice: SamplerChoice) -> SamplerChoice:
+    """Add a prompt order that is not one of rlft's own (a plugin's, a test's): ``data.sampler`` then
+    accepts its name.  ValueError when the name is taken."""
+    if choice.name in PROMPT_SAMPLERS:
+        raise ValueError(f"prompt sampler {choice.name!r} is already registered")
+    if not choice.name:
+        raise ValueError("a prompt sampler needs a name")
+    PROMPT_SAMPLERS[choice.name] = choice
+    return choice
 
 
 def pass_rates(grades: list[dict], num_groups: int) -> list[float]:

@@ -10,7 +10,8 @@ or by a function of the user's, ``data.adapter: package.module:function``, which
 (a dict) and returns ``{"question": str, "gold": str | number}`` (and optionally ``"solution"``), or
 None to skip the row; its ``gold`` is then read by ``data.fields.gold_kind`` like a field's.
 
-Gold kinds (:data:`GOLD_KINDS`, one record each; a new kind is one record):
+Gold kinds (:data:`GOLD_KINDS`, one record each; a new kind is one record, or one
+:func:`register_gold_kind` call in a module named in ``plugins:``):
 
 ==========  =================================================================================
 ``gsm8k``   the number after the last ``####`` (GSM8K's ``answer``; the default)
@@ -107,6 +108,17 @@ GOLD_KINDS: dict[str, GoldKind] = {k.name: k for k in (
              description="the last \\boxed{} of a worked solution, LaTeX kept whole"),
     GoldKind("plain", read_plain, solution=False, description="the field is the answer itself"),
 )}
+
+
+def register_gold_kind(kind: GoldKind) -> GoldKind:
+    """Add a gold kind that is not one of rlft's own (a plugin's, a test's): ``data.fields.gold_kind``
+    then accepts its name.  ValueError when the name is taken."""
+    if kind.name in GOLD_KINDS:
+        raise ValueError(f"gold kind {kind.name!r} is already registered")
+    if not kind.name:
+        raise ValueError("a gold kind needs a name")
+    GOLD_KINDS[kind.name] = kind
+    return kind
 
 
 # --------------------------------------------------------------------------- adapters

@@ -16,14 +16,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from rlft.common import FINISH_REASONS  # noqa: F401 (why a response ended, spelled once)
+
 # torch is imported by the functions that use it: rlft.engines' records (`BACKENDS`), which the launch's
 # config checks read, load without it.
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
-
-FINISH_REASONS = ("stop", "length", "eos")
 
 
 class EngineUnavailable(RuntimeError):

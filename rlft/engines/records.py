@@ -93,6 +93,10 @@ class Backend:
     * ``loggers``: its libraries' loggers, kept to warnings in a rank's log.
     * ``lora_adapters``: the engine loads the policy's LoRA adapters itself (``model.lora.sync:
       adapter``: its engine takes ``update_adapter``), subject to :meth:`check_adapter_sync`.
+    * ``settings``: the dataclass of its own settings (typed fields with defaults), the config's section
+      ``sampling.<name>``: the config builds it when it is loaded, refusing an unknown key or a wrong
+      type as in every section, and :meth:`check_settings` checks its ranges; the record reads it as
+      ``cfg.sampling.<name>`` (None: the engine has no settings).
     """
 
     name: str
@@ -103,6 +107,7 @@ class Backend:
     sleep_setting: str | None = None
     loggers: tuple[str, ...] = ()
     lora_adapters: bool = False
+    settings: type | None = None
 
     # -------------------------------------------------- before anything is built
 
@@ -115,8 +120,9 @@ class Backend:
         return True, ""
 
     def check_settings(self, sampling: Any) -> None:
-        """The ranges of its own settings in the config's ``sampling`` section, checked when the
-        config is loaded; raises :class:`~rlft.engines.base.EngineSettingError` naming the key."""
+        """The ranges of its own settings (``sampling.<name>``, of its ``settings`` type) in the config's
+        ``sampling`` section, checked when the config is loaded, whichever engine the run names; raises
+        :class:`~rlft.engines.base.EngineSettingError` naming the key."""
 
     def check_adapter_sync(self, cfg: Any) -> None:
         """With ``model.lora.sync: adapter``: raises :class:`~rlft.engines.base.EngineSettingError`

@@ -3,10 +3,13 @@
     base.py        the interface: Environment opens an episode (EpisodeStart: chat messages, tools,
                    state) and answers each turn (StepResult: messages to append, or the end with an
                    optional reward); SingleTurnEnvironment
-    registry.py    the choices by name (single_turn, calculator) or module:Class; make_environment
+    registry.py    the choices by name (single_turn, calculator, tools) or module:Class; make_environment
                    builds and checks one at start (one-line EnvironmentSpecError)
+    tools.py       Tool: one tool's record (name, JSON schema, run within time and size limits, reply
+                   format); tool_from_function (a typed, documented function), TOOLS, run_tool_call
+    tool_environment.py  ToolEnvironment: the model calls any of a list of tools, dispatched by name
     calculator.py  exact, bounded arithmetic on Python's ast (never eval), the calculator tool and
-                   CalculatorEnvironment
+                   CalculatorEnvironment (the tool environment with it)
     tool_calls.py  reading <tool_call>{json}</tool_call> calls out of a turn
     episodes.py    run_episodes, every rollout over any engine (one turn or several): tokens, response
                    masks, log-probs, caps (EpisodeResult); the batch takes the masks (build_rollout_batch's

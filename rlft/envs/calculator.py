@@ -24,9 +24,10 @@ input can hang the caller or exhaust its memory:
 :func:`calculate` returns the result as text, or an ``"Error: ..."`` message for the model: it never
 raises.  :func:`evaluate` raises :class:`CalculatorError` instead, for callers that want the value.
 
-:class:`CalculatorEnvironment` (registered as ``calculator``) offers it as the tool
-:data:`CALCULATOR_TOOL` through the chat template; :func:`run_calculator_call` answers one parsed
-call, malformed ones included, with text for the model.
+:data:`CALCULATOR` is the calculator as a tool (:class:`rlft.envs.tools.Tool`, registered as
+``calculator``); :class:`CalculatorEnvironment` (the environment ``calculator``) is the tool-calling
+environment with it, offered as :data:`CALCULATOR_TOOL` through the chat template;
+:func:`run_calculator_call` answers one parsed call, malformed ones included, with text for the model.
 """
 from __future__ import annotations
 
@@ -34,11 +35,11 @@ import ast
 import re
 from decimal import Decimal, InvalidOperation, localcontext
 from fractions import Fraction
-from typing import Any
 
 from rlft.data.prompts import Prompt
-from rlft.envs.base import Environment, EpisodeStart, StepResult
-from rlft.envs.tool_calls import TOOL_CALL_CLOSE, ToolCall, parse_tool_calls
+from rlft.envs.tool_calls import ToolCall
+from rlft.envs.tool_environment import ToolEnvironment
+from rlft.envs.tools import Tool, ToolError, register_tool, run_tool_call
 
 MAX_EXPRESSION_CHARS = 256
 MAX_DEPTH = 64
@@ -55,7 +56,7 @@ _OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Floor
 _SPELLINGS = {"×": "*", "÷": "/", "−": "-"}
 
 
-class CalculatorError(ValueError):
+class CalculatorError(ToolError):
     """An expression the calculator does not evaluate; the message is written for the model."""
 
 
@@ -220,62 +221,35 @@ def calculate(expression: object) -> str:
 # --------------------------------------------------------------------------- the tool and its environment
 
 CALCULATOR_NAME = "calculator"
+# The calculator as a tool: it bounds its own work (so it runs in the caller's thread) and reads its
+# argument itself (a non-string expression is its own error message).
+CALCULATOR = register_tool(Tool(
+    CALCULATOR_NAME,
+    "Evaluate an arithmetic expression exactly. Numbers, + - * / // % ** and parentheses; powers are written **.",
+    {"type": "object",
+     "properties": {"expression": {"type": "string", "description": "the expression, e.g. (48 / 2) * 3"}},
+     "required": ["expression"]},
+    lambda expression: format_number(evaluate(expression)),
+    time_limit_s=None, check_types=False))
 # The tool as chat templates take it (`apply_chat_template(..., tools=[CALCULATOR_TOOL])`).
-CALCULATOR_TOOL = {
-    "type": "function",
-    "function": {
-        "name": CALCULATOR_NAME,
-        "description": "Evaluate an arithmetic expression exactly. Numbers, + - * / // % ** and parentheses; "
-                       "powers are written **.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "description": "the expression, e.g. (48 / 2) * 3"}},
-            "required": ["expression"],
-        },
-    },
-}
+CALCULATOR_TOOL = CALCULATOR.spec
 
 
 def run_calculator_call(call: ToolCall) -> tuple[str, bool]:
     """The result of one parsed tool call as ``(text for the model, is_error)``; never raises.
 
     An unusable call (its parse error), another tool's name, arguments other than exactly
-    ``{"expression": str}``, or an expression the calculator refuses give ``("Error: ...", True)``."""
-    if not call.ok:
-        return f"Error: {call.error}", True
-    if call.name != CALCULATOR_NAME:
-        return f"Error: unknown tool {call.name[:64]!r}: the only tool is {CALCULATOR_NAME!r}", True
-    extra = sorted(set(call.arguments) - {"expression"})
-    if extra:
-        names = ", ".join(repr(k[:64]) for k in extra[:5])
-        return f"Error: unexpected arguments {names}: the only one is 'expression'", True
-    if "expression" not in call.arguments:
-        return "Error: missing argument 'expression'", True
-    result = calculate(call.arguments["expression"])
-    return result, result.startswith("Error:")
+    ``{"expression": str}``, or an expression the calculator refuses give ``("Error: ...", True)``
+    (:func:`rlft.envs.tools.run_tool_call` with the calculator alone)."""
+    return run_tool_call({CALCULATOR_NAME: CALCULATOR}, call)
 
 
-class CalculatorEnvironment(Environment):
-    """GSM8K with a calculator: the run's chat prompt with :data:`CALCULATOR_TOOL` offered.  A turn
-    holding tool calls is answered with one ``tool`` message per call (its result or its error); a
-    turn without any ends the episode, its text graded by the run's grader."""
+class CalculatorEnvironment(ToolEnvironment):
+    """GSM8K with a calculator: the run's chat prompt with :data:`CALCULATOR_TOOL` offered (and any
+    further ``tools``).  A turn holding tool calls is answered with one ``tool`` message per call (its
+    result or its error); a turn without any ends the episode, its text graded by the run's grader."""
 
-    multi_turn = True
-    stop = (TOOL_CALL_CLOSE,)
+    label = "the calculator environment"
 
-    def __init__(self, prompt: Prompt | None = None) -> None:
-        super().__init__(prompt)
-        if not self.prompt.is_chat:
-            raise ValueError("the calculator environment offers its tool through the chat template: "
-                             "use a chat prompt (data.prompt_template: chat)")
-
-    def open(self, question: str, ground_truth: str) -> EpisodeStart:
-        return EpisodeStart(messages=tuple(self.prompt.chat_messages(question)), tools=(CALCULATOR_TOOL,))
-
-    def step(self, state: Any, text: str) -> StepResult:
-        calls = parse_tool_calls(text)
-        if not calls:
-            return StepResult.end()
-        results = [run_calculator_call(call) for call in calls]
-        messages = [{"role": "tool", "name": CALCULATOR_NAME, "content": content} for content, _ in results]
-        return StepResult.reply(messages, tool_calls=len(calls), tool_errors=sum(err for _, err in results))
+    def __init__(self, prompt: Prompt | None = None, tools=()) -> None:
+        super().__init__(prompt, [CALCULATOR, *tools])

@@ -8,6 +8,7 @@ name               multi_turn  what
 =================  ==========  ===========================================================
 ``single_turn``    no          today's rollout: the run's prompt, one completion, no tools
 ``calculator``     yes         GSM8K with a calculator tool (:mod:`rlft.envs.calculator`)
+``tools``          yes         the tools of ``environment.tools`` (:mod:`rlft.envs.tool_environment`)
 ``module:Class``   the class'  a subclass of :class:`~rlft.envs.base.Environment`
 =================  ==========  ===========================================================
 
@@ -27,6 +28,8 @@ from rlft.common import import_object
 from rlft.data.prompts import Prompt
 from rlft.envs.base import Environment, EpisodeStart, SingleTurnEnvironment
 from rlft.envs.calculator import CalculatorEnvironment
+from rlft.envs.tool_environment import ToolEnvironment
+from rlft.envs.tools import ToolSpecError, resolve_tools
 
 DEFAULT_ENVIRONMENT = "single_turn"
 # The probe episode make_environment opens (a GSM8K-like question and its answer).
@@ -50,6 +53,8 @@ class EnvironmentRecord:
     one turn; either way :func:`rlft.envs.episodes.run_episodes` plays them, and the logs add the
     episodes' turns and tool figures only for a multi-turn one).
     ``needs_chat``: it works only with a chat prompt (tools go through the chat template).
+    ``takes_tools``: it is built with ``tools=[...]`` (``environment.tools``), which it offers the model
+    beside its ``own_tools`` (the registered tools it always offers); with neither it offers none.
     """
 
     name: str
@@ -57,6 +62,8 @@ class EnvironmentRecord:
     multi_turn: bool
     needs_chat: bool = False
     description: str = ""
+    takes_tools: bool = False
+    own_tools: tuple[str, ...] = ()
 
 
 ENVIRONMENTS: dict[str, EnvironmentRecord] = {}
@@ -76,8 +83,34 @@ register_environment(EnvironmentRecord(
     "single_turn", SingleTurnEnvironment, multi_turn=False,
     description="the run's prompt, one completion, no tools"))
 register_environment(EnvironmentRecord(
-    "calculator", CalculatorEnvironment, multi_turn=True, needs_chat=True,
+    "calculator", CalculatorEnvironment, multi_turn=True, needs_chat=True, takes_tools=True,
+    own_tools=("calculator",),
     description="GSM8K with a calculator tool offered through the chat template"))
+register_environment(EnvironmentRecord(
+    "tools", ToolEnvironment, multi_turn=True, needs_chat=True, takes_tools=True,
+    description="the tools of environment.tools offered through the chat template"))
+
+
+def check_tools(name: str, tools: list) -> None:
+    """``environment.tools`` for the environment ``name``: each entry can be had and described, their
+    names differ, and the environment takes tools (``tools``: at least one).  One-line
+    :class:`EnvironmentSpecError` otherwise, naming the key (``environment.tools[i]: ...``)."""
+    record = environment_record(name)
+    if tools and not record.takes_tools:
+        raise EnvironmentSpecError(f"environment.tools: environment {name!r} takes no tools; set environment.name: "
+                                   f"tools (or calculator) to offer {tools[0]!r}")
+    if record.takes_tools and not record.own_tools and not tools:
+        raise EnvironmentSpecError(f"environment.tools: environment {name!r} offers the tools listed there, and it "
+                                   f"lists none (e.g. [calculator, my_module:my_function])")
+    for i, entry in enumerate(tools):
+        try:
+            resolve_tools([entry])
+        except ToolSpecError as err:
+            raise EnvironmentSpecError(f"environment.tools[{i}]: {err}") from None
+    try:
+        resolve_tools([*record.own_tools, *tools])
+    except ToolSpecError as err:
+        raise EnvironmentSpecError(f"environment.tools: {err}") from None
 
 
 def _first_line(err: BaseException) -> str:
@@ -129,10 +162,11 @@ def environment_record(name: str) -> EnvironmentRecord:
 
 
 def make_environment(name: str = DEFAULT_ENVIRONMENT, prompt: Prompt | None = None,
-                     options: dict | None = None, *, probe: bool = True) -> Environment:
-    """The environment ``name`` (a registered name or ``module:Class``) built with the run's ``prompt``
-    and ``options``; with ``probe``, one episode is opened on :data:`PROBE_QUESTION` to check that
-    ``open`` works and returns an :class:`~rlft.envs.base.EpisodeStart`.
+                     options: dict | None = None, *, tools: list | tuple = (), probe: bool = True) -> Environment:
+    """The environment ``name`` (a registered name or ``module:Class``) built with the run's ``prompt``,
+    ``options`` and, for one that takes tools, ``tools`` (``environment.tools``); with ``probe``, one
+    episode is opened on :data:`PROBE_QUESTION` to check that ``open`` works and returns an
+    :class:`~rlft.envs.base.EpisodeStart`.
 
     Raises:
         EnvironmentSpecError: one line naming the problem (unknown name, import failure, missing or
@@ -143,8 +177,10 @@ def make_environment(name: str = DEFAULT_ENVIRONMENT, prompt: Prompt | None = No
     if record.needs_chat and not prompt.is_chat:
         raise EnvironmentSpecError(f"environment {name!r} offers tools through the chat template: use a chat "
                                    "prompt (data.prompt_template: chat)")
+    if tools and not record.takes_tools:
+        raise EnvironmentSpecError(f"environment {name!r} takes no tools, and was given {len(tools)}")
     try:
-        env = record.build(prompt, **(options or {}))
+        env = record.build(prompt, **(options or {}), **({"tools": list(tools)} if tools else {}))
     except Exception as err:
         raise EnvironmentSpecError(f"environment {name!r} could not be built ({_first_line(err)})") from None
     if not isinstance(env, Environment):

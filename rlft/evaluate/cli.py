@@ -181,7 +181,8 @@ def build_environment(args: argparse.Namespace):
     name = args.environment or (e.name if e.evaluate_with_tools and not args.no_tools else DEFAULT_ENVIRONMENT)
     option = "--environment" if args.environment else "--config: environment.name"
     try:
-        return make_environment(name, args.prompt, e.options if name == e.name else {}), e
+        return make_environment(name, args.prompt, e.options if name == e.name else {},
+                                tools=e.tools if name == e.name else ()), e
     except EnvironmentSpecError as exc:
         raise InputError(f"{option}: {exc}") from None
 

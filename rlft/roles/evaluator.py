@@ -35,7 +35,7 @@ class Evaluator:
         self.spec = sampling_spec(cfg.sampling, n=1, seed=cfg.seed, evaluation=True)
         # The same episodes as training, or with `environment.evaluate_with_tools: false` one turn, no tools.
         e = cfg.environment
-        self.environment = (make_environment(e.name, self.prompt, e.options) if e.evaluate_with_tools
+        self.environment = (make_environment(e.name, self.prompt, e.options, tools=e.tools) if e.evaluate_with_tools
                             else make_environment(DEFAULT_ENVIRONMENT, self.prompt))
 
     def evaluate(self, name: str, *, progress: bool = False) -> dict:

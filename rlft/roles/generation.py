@@ -39,7 +39,7 @@ class RolloutGenerator:
                                         answer_format=cfg.reward.answer_format)
         self.prompt = prompt_of(cfg)
         e = cfg.environment
-        self.environment = make_environment(e.name, self.prompt, e.options)
+        self.environment = make_environment(e.name, self.prompt, e.options, tools=e.tools)
         # Whether the logs describe episodes (turns, tool calls, transcripts) or plain responses.
         self.multi_turn = environment_record(e.name).multi_turn
         self.episode_tokens = episode_budget(self.multi_turn, cfg.sampling.max_tokens, e.max_episode_tokens)

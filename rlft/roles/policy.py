@@ -21,6 +21,7 @@ from rlft.batching.micro_batches import fixed_micro_batches, row_widths, token_b
 from rlft.objectives import Objective
 from rlft.pipeline import (build_policy_pipeline, compile_decoder_layers, export_hf_state_dict, load_hf_weights,
                            pipeline_logprobs)
+from rlft.config.lr_schedules import LR_SCHEDULES
 from rlft.config.role_records import reference_logprobs_by
 from rlft.roles.update_guard import GuardedAdamW, SkipNonFiniteSteps  # noqa: F401 (importable from here)
 from rlft.config.topology import RankRoles, check_stages_vs_layers
@@ -49,16 +50,13 @@ def deepspeed_config(cfg: RunConfig, *, bf16: bool, gradient_accumulation_steps:
 
 
 def lr_lambda(cfg: RunConfig):
-    warm, kind = cfg.optim.warmup_steps, cfg.optim.lr_schedule
+    warm, schedule = cfg.optim.warmup_steps, LR_SCHEDULES[cfg.optim.lr_schedule]
     total = cfg.schedule.steps
 
     def f(step: int) -> float:
         if warm and step < warm:
             return (step + 1) / warm
-        if kind == "cosine":
-            progress = (step - warm) / max(1, total - warm)
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-        return 1.0
+        return schedule.factor((step - warm) / max(1, total - warm))
     return f
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rlft.batching.batch import RolloutBatch, build_rollout_batch
-from rlft.common import log
+from rlft.common import LENGTH, log
 from rlft.config import RunConfig
 from rlft.data import Example
 from rlft.batching.dynamic_sampling import GroupPool, group_rows, informative_groups
@@ -289,7 +289,7 @@ def rollout_metrics(rollout: Rollout, grades: list[dict], batch: RolloutBatch, r
         "reward/answer": sum(g["answer_reward"] for g in grades) / n,
         "response_length/mean": float(resp_len.mean()),
         "response_length/max": float(resp_len.max()),
-        "response_length/clipped_fraction": sum(row.finish_reason == "length" for row in rollout) / n,
+        "response_length/clipped_fraction": sum(row.finish_reason == LENGTH for row in rollout) / n,
         "tokens/response": float(batch.response_mask.sum()),
         "tokens/total": float(batch.attention_mask.sum()),
     }

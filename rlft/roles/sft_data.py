@@ -136,7 +136,7 @@ class SFTFeeder:
             raise ConfigError(f"data.source: {e}") from None
         max_seq_len = min(cfg.sft.max_seq_len, context or cfg.sft.max_seq_len)
         e = cfg.environment
-        environment = make_environment(e.name, prompt_of(cfg), e.options)
+        environment = make_environment(e.name, prompt_of(cfg), e.options, tools=e.tools)
         data = build_sft_data(loaded.examples, tokenizer, template=prompt_of(cfg), max_seq_len=max_seq_len,
                               end_with_eos=cfg.sft.end_with_eos, environment=environment)
         data.skipped = dict(Counter(loaded.skipped) + Counter(data.skipped))

@@ -103,13 +103,8 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
     for step in range(start + 1, total + 1):
         out_of_time = bridge.broadcast_object(roles.rank == 0 and clock.next_step_overruns(), src=0)
         last = step == total or bool(out_of_time)
-        ctx.seconds, ctx.phase_memory_gb = {}, {}
         t0 = time.perf_counter()
-        with profiled_step(ctx, step):
-            metrics = step_fn(ctx, step, last)
-            metrics.update(ctx.after_step(step, metrics))  # the roles whose records ask for a call after each step
-        if step in cfg.schedule.profile_steps:
-            metrics["profiled"] = 1  # its times include the profiler's own cost (benchmarks leave it out)
+        metrics = one_step(ctx, step_fn, step, last)
         flags = step_flags(ctx, metrics)
         nonfinite.add(step, flags)
         diverged = nonfinite.count >= cfg.optim.max_nonfinite_steps
@@ -135,6 +130,18 @@ def run_steps(ctx: RankContext, step_fn: StepFn, start: int, *, desc: str, final
             break
     bar.close()
     return step
+
+
+def one_step(ctx: RankContext, step_fn: StepFn, step: int, last: bool) -> dict:
+    """The step and the after-step calls of the roles whose records ask for one, profiled when
+    `schedule.profile_steps` names it; returns this rank's metrics."""
+    ctx.seconds, ctx.phase_memory_gb = {}, {}
+    with profiled_step(ctx, step):
+        metrics = step_fn(ctx, step, last)
+        metrics.update(ctx.after_step(step, metrics))
+    if step in ctx.cfg.schedule.profile_steps:
+        metrics["profiled"] = 1  # its times include the profiler's own cost (benchmarks leave it out)
+    return metrics
 
 
 def progress_bar(ctx: RankContext, start: int, total: int, desc: str):
