@@ -318,6 +318,8 @@ def _check_environment(cfg: RunConfig) -> None:
         raise ConfigError(f"environment.name: {err}") from None
     _require(isinstance(e.options, dict), f"environment.options: expected a mapping of keyword arguments, got {e.options!r}")
     _require(e.max_turns >= 1, f"environment.max_turns: must be >= 1, got {e.max_turns}")
+    _require(e.step_timeout_s is None or e.step_timeout_s > 0, f"environment.step_timeout_s: must be > 0 seconds or null, got {e.step_timeout_s}")
+    _require(e.max_reply_chars is None or e.max_reply_chars >= 1, f"environment.max_reply_chars: must be >= 1 or null, got {e.max_reply_chars}")
     _require(e.max_episode_tokens is None or e.max_episode_tokens >= 1,
              f"environment.max_episode_tokens: must be >= 1 or null, got {e.max_episode_tokens}")
     _require(not record.needs_chat or prompt_of(cfg).is_chat,

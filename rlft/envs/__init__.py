@@ -5,6 +5,7 @@
                    optional reward); SingleTurnEnvironment
     registry.py    the choices by name (single_turn, calculator) or module:Class; make_environment
                    builds and checks one at start (one-line EnvironmentSpecError)
+    guard.py       every environment's calls bounded: a deadline per call, a cap on a reply's size
     calculator.py  exact, bounded arithmetic on Python's ast (never eval), the calculator tool and
                    CalculatorEnvironment
     tool_calls.py  reading <tool_call>{json}</tool_call> calls out of a turn

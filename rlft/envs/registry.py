@@ -27,6 +27,7 @@ from rlft.common import import_object
 from rlft.data.prompts import Prompt
 from rlft.envs.base import Environment, EpisodeStart, SingleTurnEnvironment
 from rlft.envs.calculator import CalculatorEnvironment
+from rlft.envs.guard import call_with_deadline, default_limits, guard_environment
 
 DEFAULT_ENVIRONMENT = "single_turn"
 # The probe episode make_environment opens (a GSM8K-like question and its answer).
@@ -143,11 +144,13 @@ def make_environment(name: str = DEFAULT_ENVIRONMENT, prompt: Prompt | None = No
         raise EnvironmentSpecError(f"environment {name!r} offers tools through the chat template: use a chat "
                                    "prompt (data.prompt_template: chat)")
     try:
-        env = record.build(prompt, **(options or {}))
+        env = call_with_deadline(record.build, (prompt,), default_limits().step_timeout_s,
+                                 "", kwargs=options or {})
     except Exception as err:
         raise EnvironmentSpecError(f"environment {name!r} could not be built ({_first_line(err)})") from None
     if not isinstance(env, Environment):
         raise EnvironmentSpecError(f"environment {name!r}: built a {type(env).__name__}, not an Environment")
+    env = guard_environment(env, name)  # every open/step bounded in time, every reply in size
     if probe:
         try:
             start = env.open(PROBE_QUESTION, PROBE_ANSWER)
