@@ -23,6 +23,8 @@ from rlft.config.hub_cache import cached_snapshot, check_hub_model
 from rlft.models.loading import DEFAULT_MODEL, ModelPathError, check_model_dir, default_model_gguf
 from rlft.config.start_model import check_init_checkpoint
 from rlft.config.learnable import check_answer_budget, check_reward_fn
+from rlft.config.inputs import (check_data_source, check_environment_builds, check_model_files, check_sft_examples,
+                                check_trackers)
 
 
 
@@ -36,6 +38,7 @@ def check_model_path(spec: str, key: str = "model.path") -> None:
         path = Path(spec).expanduser()
         if path.is_dir():
             check_model_dir(path)
+            check_model_files(spec, key)
         elif path.is_file():
             if path.suffix != ".gguf":
                 raise ModelPathError(f"{spec} is a file but not a .gguf")
@@ -149,12 +152,18 @@ def preflight(cfg: RunConfig, module: str | None) -> None:
         return
     if cfg.output.init_checkpoint is not None:
         check_init_checkpoint(cfg.output.init_checkpoint)
+        check_model_files(cfg.output.init_checkpoint, "output.init_checkpoint")
     elif looks_like_hub_id(cfg.model.path) and not Path(cfg.model.path).expanduser().exists():
         check_hub_model(cfg.model.path, "model.path")
     check_chat_template(cfg)
     if module == "rlft.train_grpo":
         check_grpo_can_learn(cfg)
+    check_data_source(cfg)  # the inputs the ranks found only after loading a model (rlft/config/inputs.py)
     check_data_rows(cfg)
+    check_environment_builds(cfg)
+    check_trackers(cfg)
+    if module == "rlft.train_sft":
+        check_sft_examples(cfg)
     if module == "rlft.train_grpo":  # a run that would exit 0 having learnt nothing (rlft/config/learnable.py)
         check_answer_budget(cfg, local_model_dir(cfg.output.init_checkpoint or cfg.model.path))
         check_reward_fn(cfg)
