@@ -47,7 +47,7 @@ from pathlib import Path
 from rlft.common import DTYPE_CHOICES, resolve_dtype
 from rlft.data.prompts import DEFAULT_PROMPT_TEMPLATE
 from rlft.evaluate.inputs import (DataSpec, InputError, default_out_dir, parse_data_arg,  # noqa: F401 (the cli's names)
-                                  parse_fields)
+                                  check_out_dir, parse_fields)
 from rlft.reward.formats import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, get_answer_format
 
 PROG = "rlft.evaluate"
@@ -250,6 +250,7 @@ def load_inputs(args: argparse.Namespace) -> tuple[str, list[tuple[DataSpec, lis
     check_args(args)
     specs = [parse_data_arg(text) for text in args.data or ["gsm8k:test"]]
     labels = [d.label for d in specs]
+    check_out_dir(args.out, labels if len(labels) > 1 else [])  # before the evaluation, not after it
     if len(set(labels)) != len(labels):
         raise InputError(f"--data: two sets share an output name ({', '.join(labels)})")
     try:
