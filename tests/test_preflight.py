@@ -330,3 +330,23 @@ def test_weights_and_biases_online_without_credentials(tmp_path, capsys, monkeyp
     accepted(capsys, *common)
     (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password abc\n")
     accepted(capsys, *common, "reporting.wandb_mode=online")
+
+
+def test_an_adapter_failing_past_the_first_rows_is_reported_as_itself(tmp_path, capsys, monkeypatch):
+    # The first 100 rows are read by the fields' check; before, an adapter raising on row 150 came out as
+    # "no usable training rows", sending the user to the wrong place.
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "late_rows.py").write_text(
+        "def to_problem(row):\n"
+        "    if row['n'] == 150:\n"
+        "        raise KeyError('answer')\n"
+        "    return {'question': f\"q{row['n']}\", 'gold': row['n']}\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "test"):
+        (data / f"{split}.jsonl").write_text("".join(json.dumps({"n": n}) + "\n" for n in range(200)))
+    common = [f"output.dir={tmp_path / 'out'}", f"model.path={fake_model(tmp_path / 'model')}", f"data.source={data}",
+              "data.adapter=late_rows:to_problem", "data.fields.gold_kind=plain"]
+    assert refusal(capsys, *common) == (
+        f"data.adapter: late_rows:to_problem raised KeyError: 'answer' on row 150 of {data / 'train.jsonl'}, whose "
+        f"fields are: n")

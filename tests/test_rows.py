@@ -254,3 +254,17 @@ def test_plain_golds_that_are_worked_solutions_are_refused_before_a_launch(tmp_p
     mixed = load_config(TINY, [f"data.source={tmp_path}", "data.fields.gold_kind=plain"])
     check_local_fields(mixed.data, ("train",))
     assert load_examples(str(tmp_path), "train", rows=RowMapping.of(mixed.data)).skipped == {"gold_is_a_solution": 1}
+
+
+def test_a_byte_order_mark_is_no_part_of_the_header_or_the_first_row(tmp_path):
+    # Excel writes CSV as UTF-8 with a BOM: before, the header read '\ufeffquestion', every row lost its
+    # question and the file "had no field 'question'"; a .jsonl's first line was counted as invalid JSON.
+    (tmp_path / "train.csv").write_bytes("\ufeffquestion,answer\nWhat is 2+2?,#### 4\nHalf of 8?,#### 4\n"
+                                         .encode("utf-8"))
+    result = load_examples(str(tmp_path / "train.csv"), "train")
+    assert [(e.question, e.ground_truth) for e in result.examples] == [("What is 2+2?", "4"), ("Half of 8?", "4")]
+    assert result.skipped == {}
+    rows = [{"question": "What is 2+2?", "answer": "#### 4"}, {"question": "Half of 8?", "answer": "#### 4"}]
+    (tmp_path / "train.jsonl").write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode())
+    result = load_examples(str(tmp_path / "train.jsonl"), "train")
+    assert [e.index for e in result.examples] == [0, 1] and result.skipped == {}

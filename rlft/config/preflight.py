@@ -87,6 +87,7 @@ def check_training_rows(cfg: RunConfig, module: str) -> None:
     """Refuse a local .jsonl training split with fewer usable rows than one step draws (GRPO) or
     than one batch (SFT): the ranks would find out only after loading the models."""
     from rlft.data.rows import load_split
+    from rlft.data.sources import NoUsableExamples
 
     d = cfg.data
     source = Path(d.source).expanduser()
@@ -95,8 +96,10 @@ def check_training_rows(cfg: RunConfig, module: str) -> None:
         return  # generated problems, parquet, the hub: the ranks count them
     try:
         loaded = load_split(d, d.train_split, size=None, seed=cfg.seed)
-    except ValueError:  # no usable row at all
+    except NoUsableExamples:  # no usable row at all (an adapter's error, or a missing field, is its own line)
         loaded = None
+    except ValueError as err:
+        raise ConfigError(" ".join(str(err).split())) from None
     examples = loaded.examples if loaded is not None else []
     skipped = ", ".join(f"{k}={v}" for k, v in sorted(loaded.skipped.items())) if loaded is not None else ""
     where = f"{d.source} [{d.train_split}]{f' (skipped: {skipped})' if skipped else ''}"
