@@ -58,6 +58,8 @@ def test_a_token_budget_that_cannot_hold_an_answer(tmp_path, common, capsys):
         "r1_tags, '</think> <answer>7</answer>', takes at least 6 tokens; every response would be cut before its "
         "answer and score 0")
     accepted(capsys, *common, "sampling.max_tokens=6")
+    assert refusal(capsys, *common, "sampling.eval_max_tokens=5").startswith(
+        "sampling.eval_max_tokens: 5 tokens cannot hold an answer")
     qwen = Path(qwen_tokenizer_dir())
     model = fake_model(tmp_path / "qwen")
     (model / "tokenizer.json").write_bytes((qwen / "tokenizer.json").read_bytes())

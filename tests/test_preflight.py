@@ -350,3 +350,15 @@ def test_an_adapter_failing_past_the_first_rows_is_reported_as_itself(tmp_path, 
     assert refusal(capsys, *common) == (
         f"data.adapter: late_rows:to_problem raised KeyError: 'answer' on row 150 of {data / 'train.jsonl'}, whose "
         f"fields are: n")
+
+
+def test_an_output_dir_that_is_a_file_or_under_one(tmp_path, capsys):
+    # Before, the launch started every rank, which then failed on making the directory.
+    taken = tmp_path / "results.json"
+    taken.write_text("{}")
+    common = [f"model.path={fake_model(tmp_path / 'model')}", f"data.source={GSM8K}"]
+    assert refusal(capsys, *common, f"output.dir={taken}") == (
+        f"output.dir: {taken} is a file, not a directory: name a directory for the run")
+    assert refusal(capsys, *common, f"output.dir={taken / 'run'}") == (
+        f"output.dir: {taken / 'run'} lies under {taken}, which is a file, not a directory")
+    assert taken.read_text() == "{}"

@@ -8,7 +8,8 @@
   opened, as every rank will (an unknown option, a constructor or ``open`` that fails or hangs);
 * the model directory (:func:`check_model_files`): no tokenizer files, weights that cannot be read
   (a safetensors file whose header is not one, an index naming files that are not there);
-* the trackers (:func:`check_trackers`): Weights & Biases online without credentials.
+* the trackers (:func:`check_trackers`): Weights & Biases online without credentials;
+* the output directory (:func:`check_output_dir`): a file, under a file, or where nothing may be written.
 
 Each raises :class:`~rlft.config.ConfigError` with one line naming the key.  Nothing here imports torch.
 """
@@ -218,3 +219,17 @@ def check_sft_examples(cfg: RunConfig) -> None:
     raise ConfigError(f"data.source: no usable SFT example in the first {len(rows)} rows of {files[0]} (skipped: "
                       f"{reasons}); rows need a worked solution ending in '#### <number>' (data.fields.gold with "
                       f"data.fields.gold_kind gsm8k or boxed)")
+
+
+def check_output_dir(cfg: RunConfig) -> None:
+    """``output.dir`` can be made and written: not a file, under no file, in a writable directory."""
+    out = Path(cfg.output.dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output.dir: {cfg.output.dir} is a file, not a directory: name a directory for the run")
+    ancestor = out.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"output.dir: {cfg.output.dir} lies under {ancestor}, which is a file, not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"output.dir: {cfg.output.dir} cannot be written (no write permission in {ancestor})")

@@ -113,12 +113,15 @@ def check_answer_budget(cfg: RunConfig, model_dir: Path | None) -> None:
     fmt = get_answer_format(cfg.reward.answer_format)
     text = shortest_answer(fmt)
     needed, how = answer_tokens(text, model_dir)
-    budget, key = cfg.sampling.max_tokens, "sampling.max_tokens"
-    e = cfg.environment
-    if environment_record(e.name).multi_turn and e.episode_tokens(budget) < budget:
-        budget, key = e.episode_tokens(budget), "environment.max_episode_tokens"
-    if budget < needed:
-        counted = f"{needed} tokens with {how}" if how != "at least" else f"at least {needed} tokens"
-        raise ConfigError(f"{key}: {budget} tokens cannot hold an answer: the shortest well-formed answer of "
-                          f"reward.answer_format {fmt.name}, {text!r}, takes {counted}; every response would be "
-                          f"cut before its answer and score 0")
+    s, e = cfg.sampling, cfg.environment
+    budgets = [(s.max_tokens, "sampling.max_tokens")]
+    if environment_record(e.name).multi_turn and e.episode_tokens(s.max_tokens) < s.max_tokens:
+        budgets = [(e.episode_tokens(s.max_tokens), "environment.max_episode_tokens")]
+    if s.eval_max_tokens is not None:  # the evaluation's own budget: every answer cut would read as accuracy 0
+        budgets.append((s.eval_max_tokens, "sampling.eval_max_tokens"))
+    for budget, key in budgets:
+        if budget < needed:
+            counted = f"{needed} tokens with {how}" if how != "at least" else f"at least {needed} tokens"
+            raise ConfigError(f"{key}: {budget} tokens cannot hold an answer: the shortest well-formed answer of "
+                              f"reward.answer_format {fmt.name}, {text!r}, takes {counted}; every response would be "
+                              f"cut before its answer and score 0")

@@ -23,8 +23,8 @@ from rlft.config.hub_cache import cached_snapshot, check_hub_model
 from rlft.models.loading import DEFAULT_MODEL, ModelPathError, check_model_dir, default_model_gguf
 from rlft.config.start_model import check_init_checkpoint
 from rlft.config.learnable import check_answer_budget, check_reward_fn
-from rlft.config.inputs import (check_data_source, check_environment_builds, check_model_files, check_sft_examples,
-                                check_trackers)
+from rlft.config.inputs import (check_data_source, check_environment_builds, check_model_files, check_output_dir,
+                                check_sft_examples, check_trackers)
 
 
 
@@ -161,6 +161,7 @@ def preflight(cfg: RunConfig, module: str | None) -> None:
     check_chat_template(cfg)
     if module == "rlft.train_grpo":
         check_grpo_can_learn(cfg)
+    check_output_dir(cfg)
     check_data_source(cfg)  # the inputs the ranks found only after loading a model (rlft/config/inputs.py)
     check_data_rows(cfg)
     check_environment_builds(cfg)
