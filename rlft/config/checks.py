@@ -10,7 +10,7 @@ from pathlib import Path
 # The allowed values of the choice settings, and what each choice needs, are read from each choice's records
 # (rlft.grpo.choices, rlft.config.launchers, rlft.engines), so a new loss, KL estimator, aggregation, overlong
 # or rollout IS mode, old log-probs' source, launcher or backend is accepted as soon as it is recorded there.  None of them imports torch: rlft.config.launch_plan checks a config without it.
-from rlft.common import DTYPE_CHOICES
+from rlft.common import DTYPE_CHOICES, unique_json_pairs
 from rlft.config import schema
 from rlft.config.launchers import LAUNCHERS
 from rlft.config.schema import (
@@ -97,7 +97,7 @@ def _check_deepspeed_config(path: str | None) -> None:
     import json
 
     try:
-        ds = json.loads(Path(path).expanduser().read_text())
+        ds = json.loads(Path(path).expanduser().read_text(), object_pairs_hook=unique_json_pairs)
     except (OSError, ValueError) as e:
         raise ConfigError(f"deepspeed_config: cannot read {path} as JSON ({e})") from None
     _require(isinstance(ds, dict), f"deepspeed_config: {path} must hold a JSON object, got {type(ds).__name__}")
