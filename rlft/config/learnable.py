@@ -7,7 +7,8 @@
   reward would score every rollout alike: no group has an advantage, no step a gradient.
 * :func:`check_answer_budget`: a token budget per response (``sampling.max_tokens``, and for
   multi-turn environments ``environment.max_episode_tokens``) shorter than the shortest well-formed
-  answer of the answer format (counted with the model's own tokenizer when its files are here):
+  answer of the answer format (counted with the model's own tokenizer when its files are here, and
+  only when the budget is below the answer's bytes, which no tokenizer exceeds by more than a piece):
   every response is cut before its answer, every reward is 0.
 
 Both raise :class:`~rlft.config.ConfigError` with one line.  Nothing here imports torch.
@@ -112,13 +113,15 @@ def check_answer_budget(cfg: RunConfig, model_dir: Path | None) -> None:
 
     fmt = get_answer_format(cfg.reward.answer_format)
     text = shortest_answer(fmt)
-    needed, how = answer_tokens(text, model_dir)
     s, e = cfg.sampling, cfg.environment
     budgets = [(s.max_tokens, "sampling.max_tokens")]
     if environment_record(e.name).multi_turn and e.episode_tokens(s.max_tokens) < s.max_tokens:
         budgets = [(e.episode_tokens(s.max_tokens), "environment.max_episode_tokens")]
     if s.eval_max_tokens is not None:  # the evaluation's own budget: every answer cut would read as accuracy 0
         budgets.append((s.eval_max_tokens, "sampling.eval_max_tokens"))
+    if min(b for b, _ in budgets) >= len(text.encode("utf-8")) + 2:
+        return  # a token holds at least a byte (plus a tokenizer's leading piece): no tokenizer to load
+    needed, how = answer_tokens(text, model_dir)
     for budget, key in budgets:
         if budget < needed:
             counted = f"{needed} tokens with {how}" if how != "at least" else f"at least {needed} tokens"
