@@ -67,12 +67,26 @@ def test_a_token_budget_that_cannot_hold_an_answer(tmp_path, common, capsys):
     assert refusal(capsys, *with_tokenizer, "sampling.max_tokens=7").startswith(
         "sampling.max_tokens: 7 tokens cannot hold an answer: the shortest well-formed answer of reward.answer_format "
         "r1_tags, '</think> <answer>7</answer>', takes 8 tokens with the model's tokenizer")  # </think>, Ġ<, answer, >, 7, </, answer, >
-    assert refusal(capsys, *with_tokenizer, "sampling.max_tokens=4", "reward.answer_format=boxed").startswith(
+    assert refusal(capsys, *with_tokenizer, "sampling.max_tokens=4", "reward.answer_format=boxed",
+                   "data.prompt_template=r1_short").startswith(
         "sampling.max_tokens: 4 tokens cannot hold an answer: the shortest well-formed answer of reward.answer_format "
         "boxed, '\\\\boxed{7}', takes 5 tokens")
-    accepted(capsys, *with_tokenizer, "sampling.max_tokens=5", "reward.answer_format=boxed")
+    accepted(capsys, *with_tokenizer, "sampling.max_tokens=5", "reward.answer_format=boxed", "data.prompt_template=r1_short")
     tools = [*with_tokenizer, "environment.name=calculator", "data.prompt_template=chat",
              "sampling.max_tokens=64", "reward.answer_format=boxed"]
     (model / "tokenizer_config.json").write_text('{"chat_template": "{{ messages[0].content }}"}')
     assert refusal(capsys, *tools, "environment.max_episode_tokens=3").startswith(
         "environment.max_episode_tokens: 3 tokens cannot hold an answer")
+
+
+def test_a_text_prompt_asking_for_another_answer_format(common, capsys):
+    # r1_zero asks for <answer> </answer>; graded as boxed, no response could score (before: exit 0, reward 0).
+    assert refusal(capsys, *common, "reward.answer_format=boxed") == (
+        "data.prompt_template: r1_zero asks for answers as r1_tags (</answer>), but reward.answer_format boxed grades "
+        "another (the last \\boxed{...} holds the final answer): every response would score 0; set reward.answer_format=r1_tags, "
+        "or a template asking for boxed (data.prompt_template=chat adds its instruction)")
+    assert refusal(capsys, *common, "reward.answer_format=gsm8k", "data.prompt_template=question_only").startswith(
+        "data.prompt_template: question_only asks for answers as r1_tags (</answer>), but reward.answer_format gsm8k")
+    accepted(capsys, *common, "reward.answer_format=boxed", "data.prompt_template=r1_short")  # names no format
+    accepted(capsys, *common, "reward.answer_format=boxed",
+             "data.prompt_template=Put the answer in \\boxed{} or <answer></answer>: {question}")

@@ -11,7 +11,11 @@
   only when the budget is below the answer's bytes, which no tokenizer exceeds by more than a piece):
   every response is cut before its answer, every reward is 0.
 
-Both raise :class:`~rlft.config.ConfigError` with one line.  Nothing here imports torch.
+* :func:`check_prompt_asks_for_the_format`: a text template that asks for another answer format
+  than ``reward.answer_format`` grades (``r1_zero`` names ``<answer> </answer>``; graded as ``boxed``
+  every response scores 0).
+
+Each raises :class:`~rlft.config.ConfigError` with one line.  Nothing here imports torch.
 """
 from __future__ import annotations
 
@@ -128,3 +132,22 @@ def check_answer_budget(cfg: RunConfig, model_dir: Path | None) -> None:
             raise ConfigError(f"{key}: {budget} tokens cannot hold an answer: the shortest well-formed answer of "
                               f"reward.answer_format {fmt.name}, {text!r}, takes {counted}; every response would be "
                               f"cut before its answer and score 0")
+
+
+def check_prompt_asks_for_the_format(cfg: RunConfig) -> None:
+    """Refuse a text template naming another format's marker and not the run's own (see above)."""
+    from rlft.data.prompts import get_template, prompt_of
+    from rlft.reward.formats import ANSWER_FORMATS, get_answer_format
+
+    prompt = prompt_of(cfg)
+    if prompt.is_chat:
+        return  # a chat prompt asks in the format's own words (its instruction)
+    text, fmt = get_template(prompt.template), get_answer_format(cfg.reward.answer_format)
+    if not fmt.marker or fmt.marker in text:
+        return
+    asked = [f for f in ANSWER_FORMATS.values() if f.marker and f.marker in text]
+    if asked:
+        raise ConfigError(f"data.prompt_template: {cfg.data.prompt_template} asks for answers as {asked[0].name} "
+                          f"({asked[0].marker}), but reward.answer_format {fmt.name} grades another ({fmt.description}): every "
+                          f"response would score 0; set reward.answer_format={asked[0].name}, or a template asking "
+                          f"for {fmt.name} (data.prompt_template=chat adds its instruction)")

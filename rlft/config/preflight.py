@@ -22,7 +22,7 @@ from rlft.grpo import POLICY_LOSSES
 from rlft.config.hub_cache import cached_snapshot, check_hub_model
 from rlft.models.loading import DEFAULT_MODEL, ModelPathError, check_model_dir, default_model_gguf
 from rlft.config.start_model import check_init_checkpoint
-from rlft.config.learnable import check_answer_budget, check_reward_fn
+from rlft.config.learnable import check_answer_budget, check_prompt_asks_for_the_format, check_reward_fn
 from rlft.config.inputs import (check_data_source, check_environment_builds, check_model_files, check_output_dir,
                                 check_sft_examples, check_trackers)
 
@@ -171,6 +171,7 @@ def preflight(cfg: RunConfig, module: str | None) -> None:
     if module == "rlft.train_grpo":  # a run that would exit 0 having learnt nothing (rlft/config/learnable.py)
         check_answer_budget(cfg, local_model_dir(cfg.output.init_checkpoint or cfg.model.path))
         check_reward_fn(cfg)
+        check_prompt_asks_for_the_format(cfg)
     check_training_rows(cfg, module)
     from rlft.config.resume_rules import resume_point
     from rlft.config.outdir_lock import OutputDirLock

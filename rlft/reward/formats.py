@@ -36,6 +36,8 @@ class AnswerFormat:
     question in chat prompts.  ``sft_target(reasoning, final, continues_think)``: the completion
     SFT teaches (``continues_think``: the prompt already ends with ``<think>``).  ``shortest``: the
     shortest well-formed answer (with a one-digit answer), which a response's token budget must hold.
+    ``marker``: text a prompt asking for this format names (a text template naming another format's
+    marker and not this one's asks for the wrong format).
     """
 
     name: str
@@ -45,6 +47,7 @@ class AnswerFormat:
     sft_target: Callable[[str, str, bool], str]
     description: str
     shortest: str = ""
+    marker: str = ""
 
 
 ANSWER_FORMATS: dict[str, AnswerFormat] = {}
@@ -109,6 +112,7 @@ R1_TAGS = register_answer_format(AnswerFormat(
         f"{'' if continues_think else '<think>'} {reasoning} </think> <answer> {final} </answer>"),
     description="the R1-Zero contract: <think> ... </think> <answer> ... </answer>",
     shortest="</think> <answer>7</answer>",
+    marker=ANSWER_CLOSE,
 ))
 # reward.answer_format's default, and that of every function taking an answer format.
 DEFAULT_ANSWER_FORMAT = R1_TAGS.name
@@ -121,6 +125,7 @@ register_answer_format(AnswerFormat(
     sft_target=lambda reasoning, final, continues_think: f"{reasoning}\nThe final answer is $\\boxed{{{final}}}$.",
     description="the last \\boxed{...} holds the final answer",
     shortest="\\boxed{7}",
+    marker="\\boxed",
 ))
 
 register_answer_format(AnswerFormat(
@@ -131,4 +136,5 @@ register_answer_format(AnswerFormat(
     sft_target=lambda reasoning, final, continues_think: f"{reasoning}\n#### {final}",
     description="GSM8K's own solution format: a last line '#### N'",
     shortest="#### 7",
+    marker="####",
 ))
