@@ -101,3 +101,25 @@ def test_the_config_keys_are_checked():
     assert (cfg.environment.step_timeout_s, cfg.environment.max_reply_chars) == (60.0, 100_000)
     with pytest.raises(ConfigError, match="environment.step_timeout_s: must be > 0"):
         load_config(None, ["environment.step_timeout_s=0"])
+
+
+def test_the_evaluation_takes_the_configs_bounds(slow_env):
+    # python -m rlft.evaluate --config: the environment is bounded by the config's environment.step_timeout_s.
+    import argparse
+
+    from rlft.config import load_config
+    from rlft.evaluate.cli import InputError, build_environment
+
+    set_default_limits(60.0, 100_000)
+    cfg = load_config(None, [f"environment.name={slow_env}", "environment.step_timeout_s=0.3",
+                             "environment.max_reply_chars=1000"])
+    args = argparse.Namespace(no_tools=False, environment=None, run_config=cfg, prompt=Prompt("chat"))
+    env, _ = build_environment(args)
+    assert env.guard_limits.step_timeout_s == 0.3 and env.guard_limits.max_reply_chars == 1000
+    start = env.open(QUESTION, "7")
+    with pytest.raises(EnvironmentCallError, match="did not return within 0.3 s"):
+        env.step(copy.deepcopy(start.state), "hang</ask>")
+    args.run_config = load_config(None, [f"environment.name={slow_env}", "environment.options={hang_build: true}",
+                                         "environment.step_timeout_s=0.3"])
+    with pytest.raises(InputError, match="could not be built .*did not return within 0.3 s"):
+        build_environment(args)

@@ -173,6 +173,7 @@ def build_environment(args: argparse.Namespace):
     true; None with ``--no-tools`` or a single-turn one) and the config's section (its ``max_turns``,
     ``max_episode_tokens``, ``options``).  InputError naming the option when it cannot be used."""
     from rlft.config.schema import EnvironmentConfig
+    from rlft.envs.guard import set_default_limits
     from rlft.envs.registry import EnvironmentSpecError, environment_record, make_environment
 
     if args.no_tools and args.environment:
@@ -185,6 +186,7 @@ def build_environment(args: argparse.Namespace):
     try:
         if not environment_record(name).multi_turn:
             return None, e
+        set_default_limits(e.step_timeout_s, e.max_reply_chars)  # the config's bounds on every call
         return make_environment(name, args.prompt, e.options if name == e.name else {}), e
     except EnvironmentSpecError as exc:
         raise InputError(f"{option}: {exc}") from None
