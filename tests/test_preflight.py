@@ -226,6 +226,10 @@ def test_data_that_is_not_there_or_holds_nothing(tmp_path, capsys):
     (data / "test.jsonl").write_text("")
     assert refusal(capsys, *common, f"data.source={data}") == (
         f"data.eval_split: the 'test' split of {data} is an empty file ({data / 'test.jsonl'})")
+    (data / "test.jsonl").write_text('{"question": "q", "answer": "no final line"}\n{broken\n')
+    assert refusal(capsys, *common, f"data.source={data}") == (
+        f"data.eval_split: none of the first 1 rows of the 'test' split ({data / 'test.jsonl'}) is a usable problem "
+        f"(skipped: no_final_answer=1)")
     (data / "test.jsonl").write_text((GSM8K / "test.jsonl").read_text())
     assert refusal(capsys, *common, f"data.source={data}", "data.eval_split=tset").startswith(
         f"data.eval_split: no 'tset' split in {data} (expected tset.jsonl")

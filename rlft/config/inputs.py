@@ -49,7 +49,9 @@ def _check_split_file(d, key: str, split: str, file: Path) -> None:
     if file.stat().st_size == 0 and key != "data.train_split":  # the training rows' own check names that one
         raise ConfigError(f"{key}: the {split!r} split of {d.source} is an empty file ({file})")
     if file.suffix != ".parquet":
-        return  # .jsonl / .csv: their first rows are read by rlft.data.rows.check_local_fields
+        if key == "data.eval_split":
+            _check_eval_rows(d, split, file)
+        return  # .jsonl / .csv: their first rows' fields are read by rlft.data.rows.check_local_fields
     try:
         rows, columns = _parquet_rows_and_columns(file)
     except Exception as err:  # noqa: BLE001 - any unreadable file: one line
@@ -63,6 +65,27 @@ def _check_split_file(d, key: str, split: str, file: Path) -> None:
             if name not in columns:
                 raise ConfigError(f"data.fields.{field}: {file} has no column {name!r}; its columns are: "
                                   f"{', '.join(columns) or 'none'}")
+
+
+def _check_eval_rows(d, split: str, file: Path) -> None:
+    """The eval split's first rows hold at least one usable problem (the training rows have their own
+    check): an evaluation of none fails on the evaluator's rank after the models are loaded."""
+    from collections import Counter
+
+    from rlft.data.rows import RowMapping, first_rows
+
+    rows = first_rows(file)
+    if rows is None:
+        return
+    reader, skipped = RowMapping.of(d).reader(str(file)), Counter()
+    try:
+        if any(reader.example(row, i, skipped) is not None for i, row in enumerate(rows)):
+            return
+    except ValueError:
+        return  # an adapter's own error: check_local_fields names it
+    reasons = ", ".join(f"{k}={v}" for k, v in sorted(skipped.items())) or f"{len(rows)} rows, none a JSON object"
+    raise ConfigError(f"data.eval_split: none of the first {len(rows)} rows of the {split!r} split ({file}) is a usable "
+                      f"problem (skipped: {reasons})")
 
 
 def check_data_source(cfg: RunConfig) -> None:

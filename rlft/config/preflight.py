@@ -162,8 +162,8 @@ def preflight(cfg: RunConfig, module: str | None) -> None:
     if module == "rlft.train_grpo":
         check_grpo_can_learn(cfg)
     check_output_dir(cfg)
+    check_data_rows(cfg)  # the mapped fields first: a missing one is named as such
     check_data_source(cfg)  # the inputs the ranks found only after loading a model (rlft/config/inputs.py)
-    check_data_rows(cfg)
     check_environment_builds(cfg)
     check_trackers(cfg)
     if module == "rlft.train_sft":
