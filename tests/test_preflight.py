@@ -366,3 +366,10 @@ def test_an_output_dir_that_is_a_file_or_under_one(tmp_path, capsys):
     assert refusal(capsys, *common, f"output.dir={taken / 'run'}") == (
         f"output.dir: {taken / 'run'} lies under {taken}, which is a file, not a directory")
     assert taken.read_text() == "{}"
+
+
+def test_a_gguf_file_that_is_no_gguf(tmp_path, capsys):
+    page = tmp_path / "model.gguf"
+    page.write_bytes(b"<!DOCTYPE html><html>rate limited</html>")  # what a failed download leaves
+    assert refusal(capsys, f"output.dir={tmp_path / 'out'}", f"data.source={GSM8K}", f"model.path={page}") == (
+        f"model.path: {page} is not a GGUF file (it does not start with 'GGUF', but b'<!DO')")

@@ -192,6 +192,17 @@ def check_model_files(spec: str, key: str) -> None:
         raise ConfigError(f"{key}: the weights in {spec} cannot be read: {why}")
 
 
+def check_gguf_file(spec: str, key: str) -> None:
+    """A ``.gguf`` model file starts with GGUF's magic (a download that went wrong is an HTML page)."""
+    try:
+        with open(Path(spec).expanduser(), "rb") as f:
+            magic = f.read(4)
+    except OSError as err:
+        raise ConfigError(f"{key}: {spec} cannot be read ({type(err).__name__})") from None
+    if magic != b"GGUF":
+        raise ConfigError(f"{key}: {spec} is not a GGUF file (it does not start with 'GGUF', but {magic!r})")
+
+
 def _has_wandb_credentials() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True

@@ -23,8 +23,8 @@ from rlft.config.hub_cache import cached_snapshot, check_hub_model
 from rlft.models.loading import DEFAULT_MODEL, ModelPathError, check_model_dir, default_model_gguf
 from rlft.config.start_model import check_init_checkpoint
 from rlft.config.learnable import check_answer_budget, check_prompt_asks_for_the_format, check_reward_fn
-from rlft.config.inputs import (check_data_source, check_environment_builds, check_model_files, check_output_dir,
-                                check_sft_examples, check_trackers)
+from rlft.config.inputs import (check_data_source, check_environment_builds, check_gguf_file, check_model_files,
+                                check_output_dir, check_sft_examples, check_trackers)
 
 
 
@@ -42,6 +42,7 @@ def check_model_path(spec: str, key: str = "model.path") -> None:
         elif path.is_file():
             if path.suffix != ".gguf":
                 raise ModelPathError(f"{spec} is a file but not a .gguf")
+            check_gguf_file(spec, key)
         elif not looks_like_hub_id(spec):
             raise ModelPathError(f"{spec} does not exist (expected an HF model directory, a .gguf file, a hub "
                                  f"id like 'org/name', or {DEFAULT_MODEL!r})")
