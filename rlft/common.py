@@ -195,3 +195,15 @@ def import_object(spec: str, what: str, *, form: str = "package.module:function"
         except ValueError:
             pass  # no signature to inspect (some builtins): the first call will tell
     return obj
+
+
+def unique_json_pairs(pairs: list) -> dict:
+    """``json.loads``'s ``object_pairs_hook`` refusing an object that holds a key twice (JSON keeps the
+    last one, silently dropping the first): ValueError naming the key."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} is written twice in one object (the second would silently replace "
+                             f"the first)")
+        out[key] = value
+    return out

@@ -165,6 +165,45 @@ def test_resuming_with_settings_the_checkpoint_depends_on_changed_is_refused_wit
     assert resume_rules.resume_point(new_lr) == (ck, False)
 
 
+def test_resuming_on_other_training_data_is_refused(tmp_path):
+    # Before, a train.jsonl edited or replaced under the same data.source resumed silently: the saved data
+    # position then indexed other rows.
+    import hashlib
+
+    from rlft.config import ConfigError
+    from rlft.config.resume_rules import data_fingerprint, run_settings
+
+    out, data = tmp_path / "out", tmp_path / "data"
+    data.mkdir()
+    rows = b'{"question": "q1", "answer": "#### 1"}\n{"question": "q2", "answer": "#### 2"}\n'
+    (data / "train.jsonl").write_bytes(rows)
+    (data / "test.jsonl").write_bytes(rows)
+    cfg = build_config({}, [*ALONE, f"output.dir={out}", f"data.source={data}"])
+    assert data_fingerprint(cfg) == {"train.jsonl": f"{len(rows)}:{hashlib.sha256(rows).hexdigest()}"}
+    ctx = context(tmp_path, None)  # a real save records the fingerprint
+    ctx.cfg = cfg
+    save_checkpoint(ctx, 4)
+    ck = out / "checkpoints" / "step_000004"
+    assert resume_rules.read_state(ck)["data"] == data_fingerprint(cfg)
+    assert resume_rules.resume_point(cfg) == (ck, False)
+    (data / "test.jsonl").write_bytes(rows[:10])  # the eval split is no part of the data position
+    assert resume_rules.resume_point(cfg) == (ck, False)
+    (data / "train.jsonl").write_bytes(rows.replace(b"q2", b"q3"))  # same size, other rows
+    for weights_only in ("false", "true"):
+        again = build_config({}, [*ALONE, f"output.dir={out}", f"data.source={data}",
+                                  f"output.resume_weights_only={weights_only}"])
+        with pytest.raises(ConfigError) as e:
+            resume_rules.resume_point(again)
+        assert str(e.value) == (
+            f"output.resume: {ck} was trained on other data: {data} [train] changed (train.jsonl), and the saved "
+            f"data position indexes the rows it was trained on; restore its data, or start afresh in another "
+            f"output.dir")
+    # A checkpoint written before fingerprints were recorded resumes as before.
+    old = write_checkpoint(tmp_path / "old", 2, {"settings": run_settings(cfg)}, [])
+    assert resume_rules.resume_point(build_config({}, [*ALONE, f"output.dir={tmp_path / 'old'}",
+                                                       f"data.source={data}"])) == (old, False)
+
+
 def test_a_resumed_optimizer_takes_the_configs_learning_rate_and_schedule():
     from rlft.roles.policy import GuardedAdamW, lr_lambda
     from rlft.roles.policy import apply_optimizer_settings

@@ -382,6 +382,18 @@ def test_malformed_yaml_names_line_and_column(tmp_path):
     assert error_of(flow) == f"config file {flow}: not valid YAML (line 4, column 5): expected ',' or ']', but got ':'"
 
 
+def test_a_section_or_key_written_twice_names_both_lines(tmp_path):
+    # YAML itself keeps the last one: the first grpo section's settings would vanish without a word.
+    twice = write(tmp_path / "twice.yaml", "grpo:\n  group_size: 4\noptim:\n  lr: 1e-6\ngrpo:\n  kl_coef: 0.1\n")
+    assert error_of(twice) == (f"config file {twice}: 'grpo' is written twice, on lines 1 and 5 (the second would "
+                               "silently replace the first): keep one")
+    key = write(tmp_path / "key.yaml", "optim:\n  lr: 1e-6\n  warmup_steps: 2\n  lr: 2e-6\n")
+    assert error_of(key) == (f"config file {key}: 'lr' is written twice, on lines 2 and 4 (the second would "
+                             "silently replace the first): keep one")
+    flow = write(tmp_path / "flow.yaml", "environment:\n  options: {a: 1, a: 2}\n")
+    assert "'a' is written twice, on lines 2 and 2" in error_of(flow)
+
+
 def test_yaml_file_that_is_not_a_mapping(tmp_path):
     as_list = write(tmp_path / "list.yaml", "- grpo\n- optim\n")
     assert error_of(as_list) == f"config file {as_list}: must hold a mapping of sections, got list"

@@ -43,6 +43,14 @@ def test_a_config_may_name_its_own_json(tmp_path):
     (tmp_path / "list.json").write_text("[1]")
     with pytest.raises(ConfigError, match="deepspeed_config: .*list.json must hold a JSON object, got list"):
         load_config(None, [f"deepspeed_config={tmp_path / 'list.json'}"])
+    # JSON, like YAML, keeps the last of a key written twice: the first one's setting would vanish.
+    (tmp_path / "twice.json").write_text('{"zero_optimization": {"stage": 0}, "steps_per_print": 5, '
+                                         '"zero_optimization": {"stage": 1}}')
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"deepspeed_config={tmp_path / 'twice.json'}"])
+    assert str(err.value) == (f"deepspeed_config: cannot read {tmp_path / 'twice.json'} as JSON (the key "
+                              f"'zero_optimization' is written twice in one object (the second would silently "
+                              f"replace the first))")
 
 
 def test_an_installed_wheel_carries_the_templates_and_finds_them(tmp_path):

@@ -300,3 +300,30 @@ def test_default_out_dir(tmp_path):
     assert out.parent == tmp_path and out.name.startswith("eval_gsm8k_test_")
     out = default_out_dir("org/model", "gsm8k_test", now=0)
     assert out.parent == Path("runs/eval") and out.name.startswith("eval_org--model_gsm8k_test_")
+
+
+def test_cli_out_naming_a_file_is_refused_before_the_evaluation(tiny_model, tmp_path):
+    # Before, the whole evaluation ran and then failed on writing its results (FileExistsError, a traceback).
+    out = tmp_path / "results.json"
+    out.write_text("{}")
+    proc = run_cli(["--model", tiny_model, "--data", "gsm_symbolic", "--num-examples", "2", "--backend", "hf", "--max-tokens", "8",
+                    "--out", str(out)], cwd=tmp_path,
+                   timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"rlft.evaluate: error: --out: {out} is a file, not a directory: "
+                                                 "name a directory for the results"]
+    assert out.read_text() == "{}"
+
+
+def test_check_out_dir(tmp_path):
+    from rlft.evaluate.inputs import InputError, check_out_dir
+
+    (tmp_path / "file").write_text("")
+    check_out_dir(None, [])
+    check_out_dir(str(tmp_path / "new" / "deeper"), ["a", "b"])
+    with pytest.raises(InputError, match=f"^--out: {tmp_path / 'file' / 'x'} lies under {tmp_path / 'file'}, which is a file"):
+        check_out_dir(str(tmp_path / "file" / "x"), [])
+    (tmp_path / "many").mkdir()
+    (tmp_path / "many" / "gsm8k_test").write_text("")
+    with pytest.raises(InputError, match=f"^--out: {tmp_path / 'many' / 'gsm8k_test'} is a file, not a directory"):
+        check_out_dir(str(tmp_path / "many"), ["gsm8k_test", "gsm_symbolic_test"])

@@ -14,6 +14,8 @@ import pytest
 from rlft.config import ConfigError, load_config
 from rlft.config.launch_plan import make_plan, read_hostfile
 
+from test_preflight import EMPTY_SAFETENSORS
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "launch" / "configs"
 TWO_BY_EIGHT = CONFIGS / "grpo_2x8gpu.yaml"
@@ -35,7 +37,8 @@ def local_model(tmp_path: Path) -> Path:
     if not path.is_dir():
         path.mkdir()
         (path / "config.json").write_text('{"num_hidden_layers": 4}')
-        (path / "model.safetensors").write_bytes(b"")
+        (path / "model.safetensors").write_bytes(EMPTY_SAFETENSORS)
+        (path / "tokenizer.json").write_text("{}")
     return path
 
 
@@ -308,7 +311,8 @@ def test_runs_that_cannot_start_or_learn_are_refused_by_the_plan(tmp_path, capsy
 def test_the_plan_accepts_what_can_learn(tmp_path, capsys):
     from rlft.config.launch_plan import main
 
-    base = ["--config", str(TINY), f"output.dir={tmp_path}", f"model.path={local_model(tmp_path)}"]
+    base = ["--config", str(TINY), f"output.dir={tmp_path}", f"model.path={local_model(tmp_path)}",
+            "data.source=tests/fixtures/gsm8k"]
     main(["--module", "rlft.train_grpo", *base, "grpo.group_size=1", "grpo.loss_type=no_baseline",
           "optim.rollout_batch_size=2", "data.train_size=2"])
     main(["--module", "rlft.train_sft", *base, "grpo.group_size=1"])  # SFT samples no groups
@@ -334,7 +338,7 @@ def test_the_plan_refuses_a_fresh_run_in_a_used_directory(tmp_path, capsys):
     (ck / "trainer_state.json").write_text('{"step": 6}')
     with pytest.raises(SystemExit) as info:
         main(["--module", "rlft.train_grpo", "--config", str(TINY), f"output.dir={tmp_path}",
-              f"model.path={local_model(tmp_path)}", "output.resume=never"])
+              f"model.path={local_model(tmp_path)}", "output.resume=never", "data.source=tests/fixtures/gsm8k"])
     assert info.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"rlft: config error: output.resume: never starts a fresh run, but output.dir {tmp_path} "
@@ -351,7 +355,8 @@ def test_the_plan_loads_neither_torch_nor_the_model_libraries(tmp_path):
     model, out = tmp_path / "model", tmp_path / "out"
     model.mkdir()
     (model / "config.json").write_text('{"num_hidden_layers": 4}')
-    (model / "model.safetensors").write_bytes(b"")
+    (model / "model.safetensors").write_bytes(EMPTY_SAFETENSORS)
+    (model / "tokenizer.json").write_text("{}")
     overrides = [f"output.dir={out}", f"model.path={model}", "data.source=tests/fixtures/gsm8k"]
     ck = out / "checkpoints" / "step_000002"
     ck.mkdir(parents=True)

@@ -278,6 +278,24 @@ def test_a_function_that_raises_or_kills_its_worker_scores_zero_and_is_counted(g
     assert (stats.custom, stats.errors, stats.crashed, stats.timed_out) == (2, 1, 1, 0)
 
 
+def test_a_function_failing_on_every_call_of_a_batch_stops_the_run_naming_it(grader, monkeypatch):
+    # Before, every reward of such a batch was 0 (counted, nothing more): the run trained on nothing.
+    from rlft.reward.functions import RewardFunctionError
+
+    monkeypatch.setenv("RANK", "3")
+    reward_fn = make_reward_fn(custom("misbehaves"), timeout_s=0.5, grader=grader)
+    with pytest.raises(RewardFunctionError) as err:
+        reward_fn(["raise", "die", "raise"], ["18", "19", "20"])
+    assert str(err.value) == (
+        f"reward.fn {custom('misbehaves')}: every call of a batch of 3 failed (errors=2, timed_out=0, crashed=1; "
+        f"reward.timeout_s bounds each call), e.g. on the ground truth '18' (rank 3): every reward would be 0; "
+        f"fix the function")
+    with pytest.raises(RewardFunctionError, match=r"batch of 2 failed \(errors=0, timed_out=2, crashed=0"):
+        reward_fn(["spin", "spin"], ["18", "18"])
+    assert [g["reward"] for g in reward_fn(["raise", "ok"], ["18", "18"])] == [0.0, 1.0]  # one failure: counted
+    assert [g["reward"] for g in reward_fn(["raise"], ["18"])] == [0.0]  # a batch of one proves little
+
+
 def test_the_whole_batch_is_bounded(grader):
     reward_fn = make_reward_fn(custom("misbehaves"), timeout_s=30.0, total_timeout_s=1.0, grader=grader)
     reward_fn(["ok"], ["18"])

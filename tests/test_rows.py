@@ -258,3 +258,38 @@ def test_a_hub_dataset_is_loaded_with_its_config_and_split(monkeypatch):
         load_examples("openai/gsm8k", "train", rows=RowMapping())    # GSM8K's own config, main
     assert asked == [("someone/math-problems", "algebra", "validation"), ("someone/math-problems", None, "test"),
                      ("openai/gsm8k", "main", "train")]
+
+
+def test_plain_golds_that_are_worked_solutions_are_refused_before_a_launch(tmp_path):
+    # GSM8K's answer field read as plain: each gold is the whole worked solution, never a model's answer;
+    # before, every row was kept (a run graded every response wrong, and exited 0).
+    gsm8k = REPO / "tests" / "fixtures" / "gsm8k"
+    cfg = load_config(TINY, [f"data.source={gsm8k}", "data.fields.gold_kind=plain"])
+    with pytest.raises(ValueError) as err:
+        check_local_fields(cfg.data, ("train", "test"))
+    assert str(err.value).startswith(
+        f"data.fields.gold_kind: plain, but 64 of the first 64 golds of {gsm8k / 'train.jsonl'} (field 'answer') "
+        "are worked solutions (####, \\boxed or several lines), not answers: use data.fields.gold_kind=gsm8k")
+    assert read_plain("Natalia sold 24 clips.\n#### 72") == (None, "gold_is_a_solution")
+    assert read_plain("so it is \\boxed{7}") == (None, "gold_is_a_solution")
+    assert read_plain("72") == ("72", None) and read_plain("\\frac{1}{2}") == ("\\frac{1}{2}", None)
+    # A few such rows among answers are skipped and counted, not refused.
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(8)] + [{"question": "q", "answer": "a\n#### 3"}]
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    mixed = load_config(TINY, [f"data.source={tmp_path}", "data.fields.gold_kind=plain"])
+    check_local_fields(mixed.data, ("train",))
+    assert load_examples(str(tmp_path), "train", rows=RowMapping.of(mixed.data)).skipped == {"gold_is_a_solution": 1}
+
+
+def test_a_byte_order_mark_is_no_part_of_the_header_or_the_first_row(tmp_path):
+    # Excel writes CSV as UTF-8 with a BOM: before, the header read '\ufeffquestion', every row lost its
+    # question and the file "had no field 'question'"; a .jsonl's first line was counted as invalid JSON.
+    (tmp_path / "train.csv").write_bytes("\ufeffquestion,answer\nWhat is 2+2?,#### 4\nHalf of 8?,#### 4\n"
+                                         .encode("utf-8"))
+    result = load_examples(str(tmp_path / "train.csv"), "train")
+    assert [(e.question, e.ground_truth) for e in result.examples] == [("What is 2+2?", "4"), ("Half of 8?", "4")]
+    assert result.skipped == {}
+    rows = [{"question": "What is 2+2?", "answer": "#### 4"}, {"question": "Half of 8?", "answer": "#### 4"}]
+    (tmp_path / "train.jsonl").write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode())
+    result = load_examples(str(tmp_path / "train.jsonl"), "train")
+    assert [e.index for e in result.examples] == [0, 1] and result.skipped == {}

@@ -359,7 +359,7 @@ def test_grpo_starts_from_the_sft_model(sft_run, tmp_path, tiny_model, gsm8k_dir
     proc, seconds = _launch("train.sh", ROOT / "launch" / "configs" / "grpo_cpu_tiny.yaml", [
         f"model.path={tiny_model}", f"data.source={gsm8k_dir}", f"output.dir={out}",
         f"output.init_checkpoint={sft_model}", "schedule.steps=1", "schedule.evaluate_freq=0",
-        "data.eval_size=1", "sampling.max_tokens=4", "topology.reference_rank=1", "topology.evaluator_rank=1",
+        "data.eval_size=1", "sampling.max_tokens=12", "topology.reference_rank=1", "topology.evaluator_rank=1",
         "topology.sampler_rank=1"])
     print(f"train.sh (1 GRPO step, 2 ranks): {seconds:.1f} s")
     assert proc.returncode == 0, f"launch/train.sh failed ({proc.returncode}):\n{proc.stderr[-6000:]}"

@@ -11,6 +11,8 @@
     role_records.py  ROLES: one record per role (the topology key that places it, whether a run builds
                      it, its builder, where a rank keeps it); build_roles and the checks read them
     preflight.py     what can be refused before any rank starts (model path, init checkpoint, data)
+    learnable.py     runs that would learn nothing: a reward.fn blind to the answer, a token budget below any answer
+    inputs.py        the run's inputs at launch: data splits and files, the environment, model files, W&B
     hub_cache.py     whether a hub id is cached or to be had from the hub (standard library only)
     start_model.py   output.init_checkpoint: refused, with the SFT config that makes it, when missing
     launch_plan.py   python -m rlft.config.launch_plan: the deepspeed command a config asks for

@@ -10,7 +10,7 @@ from pathlib import Path
 # The allowed values of the choice settings, and what each choice needs, are read from each choice's records
 # (rlft.grpo.choices, rlft.config.launchers, rlft.engines), so a new loss, KL estimator, aggregation, overlong
 # or rollout IS mode, old log-probs' source, launcher or backend is accepted as soon as it is recorded there.  None of them imports torch: rlft.config.launch_plan checks a config without it.
-from rlft.common import DTYPE_CHOICES
+from rlft.common import DTYPE_CHOICES, unique_json_pairs
 from rlft.config import schema
 from rlft.config.lr_schedules import LR_SCHEDULES
 from rlft.config.schema import (
@@ -97,7 +97,7 @@ def _check_deepspeed_config(path: str | None) -> None:
     import json
 
     try:
-        ds = json.loads(Path(path).expanduser().read_text())
+        ds = json.loads(Path(path).expanduser().read_text(), object_pairs_hook=unique_json_pairs)
     except (OSError, ValueError) as e:
         raise ConfigError(f"deepspeed_config: cannot read {path} as JSON ({e})") from None
     _require(isinstance(ds, dict), f"deepspeed_config: {path} must hold a JSON object, got {type(ds).__name__}")
@@ -323,6 +323,8 @@ def _check_environment(cfg: RunConfig) -> None:
         raise ConfigError(str(err)) from None
     _require(isinstance(e.options, dict), f"environment.options: expected a mapping of keyword arguments, got {e.options!r}")
     _require(e.max_turns >= 1, f"environment.max_turns: must be >= 1, got {e.max_turns}")
+    _require(e.step_timeout_s is None or e.step_timeout_s > 0, f"environment.step_timeout_s: must be > 0 seconds or null, got {e.step_timeout_s}")
+    _require(e.max_reply_chars is None or e.max_reply_chars >= 1, f"environment.max_reply_chars: must be >= 1 or null, got {e.max_reply_chars}")
     _require(e.max_episode_tokens is None or e.max_episode_tokens >= 1,
              f"environment.max_episode_tokens: must be >= 1 or null, got {e.max_episode_tokens}")
     _require(not record.needs_chat or prompt_of(cfg).is_chat,

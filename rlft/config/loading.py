@@ -237,6 +237,23 @@ def _load_plugins_first(data: dict, overrides) -> None:
             entries = value
     if entries:
         load_plugins(_coerce(entries, list[str], "plugins"))
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that holds a key twice (plain YAML keeps the last one,
+    so a section written twice silently loses the first one's settings)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first is not None:
+                raise ConfigError(f"{key!r} is written twice, on lines {first} and {line} (the second would "
+                                  f"silently replace the first): keep one")
+            seen[key] = line
+        return super().construct_mapping(node, deep)
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
@@ -249,7 +266,9 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         if not p.is_file():
             raise ConfigError(f"config file {p} is not a file")
         try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+            loaded = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        except ConfigError as e:
+            raise ConfigError(f"config file {p}: {e}") from None
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"config file {p}: cannot be read ({type(e).__name__})") from None
         except yaml.YAMLError as e:

@@ -23,6 +23,9 @@ from rlft.config.hub_cache import cached_snapshot, check_hub_model
 from rlft.models.loading import DEFAULT_MODEL, ModelPathError, check_model_dir, default_model_gguf
 from rlft.config.start_model import check_init_checkpoint
 from rlft.config.distill_checks import check_same_tokenizer
+from rlft.config.learnable import check_answer_budget, check_prompt_asks_for_the_format, check_reward_fn
+from rlft.config.inputs import (check_data_source, check_environment_builds, check_gguf_file, check_model_files,
+                                check_output_dir, check_sft_examples, check_trackers)
 
 
 
@@ -36,9 +39,11 @@ def check_model_path(spec: str, key: str = "model.path") -> None:
         path = Path(spec).expanduser()
         if path.is_dir():
             check_model_dir(path)
+            check_model_files(spec, key)
         elif path.is_file():
             if path.suffix != ".gguf":
                 raise ModelPathError(f"{spec} is a file but not a .gguf")
+            check_gguf_file(spec, key)
         elif not looks_like_hub_id(spec):
             raise ModelPathError(f"{spec} does not exist (expected an HF model directory, a .gguf file, a hub "
                                  f"id like 'org/name', or {DEFAULT_MODEL!r})")
@@ -84,6 +89,7 @@ def check_training_rows(cfg: RunConfig, module: str) -> None:
     """Refuse a local .jsonl training split with fewer usable rows than one step draws (GRPO) or
     than one batch (SFT): the ranks would find out only after loading the models."""
     from rlft.data.rows import load_split
+    from rlft.data.sources import NoUsableExamples
 
     d = cfg.data
     source = Path(d.source).expanduser()
@@ -92,8 +98,10 @@ def check_training_rows(cfg: RunConfig, module: str) -> None:
         return  # generated problems, parquet, the hub: the ranks count them
     try:
         loaded = load_split(d, d.train_split, size=None, seed=cfg.seed)
-    except ValueError:  # no usable row at all
+    except NoUsableExamples:  # no usable row at all (an adapter's error, or a missing field, is its own line)
         loaded = None
+    except ValueError as err:
+        raise ConfigError(" ".join(str(err).split())) from None
     examples = loaded.examples if loaded is not None else []
     skipped = ", ".join(f"{k}={v}" for k, v in sorted(loaded.skipped.items())) if loaded is not None else ""
     where = f"{d.source} [{d.train_split}]{f' (skipped: {skipped})' if skipped else ''}"
@@ -170,13 +178,24 @@ def preflight(cfg: RunConfig, module: str | None) -> None:
         return
     if cfg.output.init_checkpoint is not None:
         check_init_checkpoint(cfg.output.init_checkpoint)
+        check_model_files(cfg.output.init_checkpoint, "output.init_checkpoint")
     elif looks_like_hub_id(cfg.model.path) and not Path(cfg.model.path).expanduser().exists():
         check_hub_model(cfg.model.path, "model.path")
     check_chat_template(cfg)
     if module == "rlft.train_grpo":
         check_grpo_can_learn(cfg)
         check_teacher_model(cfg)
-    check_data_rows(cfg)
+    check_output_dir(cfg)
+    check_data_rows(cfg)  # the mapped fields first: a missing one is named as such
+    check_data_source(cfg)  # the inputs the ranks found only after loading a model (rlft/config/inputs.py)
+    check_environment_builds(cfg)
+    check_trackers(cfg)
+    if module == "rlft.train_sft":
+        check_sft_examples(cfg)
+    if module == "rlft.train_grpo":  # a run that would exit 0 having learnt nothing (rlft/config/learnable.py)
+        check_answer_budget(cfg, local_model_dir(cfg.output.init_checkpoint or cfg.model.path))
+        check_reward_fn(cfg)
+        check_prompt_asks_for_the_format(cfg)
     check_training_rows(cfg, module)
     from rlft.config.resume_rules import resume_point
     from rlft.config.outdir_lock import OutputDirLock

@@ -6,12 +6,17 @@
 * Every other setting applies from the launch's config; the optimizer's hyperparameters, which
   loading DeepSpeed's state would bring back from the checkpoint, are set again from it
   (`rlft.roles.policy.apply_optimizer_settings`): a resumed run trains at the learning rate its config.yaml records.
+* The training data itself cannot change either: a checkpoint records a fingerprint of the local
+  training files (`data_fingerprint`: their names, sizes and SHA-256), and a launch that would resume
+  it on other rows (a file edited, replaced or regenerated under the same data.source) is refused
+  (`check_data_unchanged`): the saved data position indexes the rows it was trained on.
 * `output.resume=never` starts afresh: in a directory that already holds another run's
   checkpoints, steps or model it would prune, resume or mix them, so it is refused
   (`check_fresh_start`).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -65,6 +70,50 @@ def check_settings_unchanged(saved: dict | None, cfg, ckpt: Path) -> None:
         raise ConfigError(
             f"output.resume: {ckpt} was trained with other settings, which cannot change when a run resumes: "
             f"{'; '.join(differ)}. Launch with the checkpoint's settings, or start afresh in another output.dir")
+
+
+# Files up to this size are hashed whole; larger ones by their size and first and last HASH_EDGE bytes.
+HASH_WHOLE = 256 * 1024 * 1024
+HASH_EDGE = 16 * 1024 * 1024
+
+
+def _file_digest(path: Path) -> str:
+    h, size = hashlib.sha256(), path.stat().st_size
+    with open(path, "rb") as f:
+        if size <= HASH_WHOLE:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        else:
+            h.update(f.read(HASH_EDGE))
+            f.seek(size - HASH_EDGE)
+            h.update(f.read(HASH_EDGE))
+    return h.hexdigest()
+
+
+def data_fingerprint(cfg) -> dict | None:
+    """``{file name: "size:sha256"}`` of the local files holding the training split (None for generated
+    problems and hub datasets, whose rows the recorded settings already fix)."""
+    from rlft.data.rows import is_generated
+    from rlft.data.sources import split_files
+
+    d = cfg.data
+    path = Path(d.source).expanduser()
+    if is_generated(d.source) or not path.exists():
+        return None
+    files = [path] if path.is_file() else split_files(path, d.train_split)
+    return {f.name: f"{f.stat().st_size}:{_file_digest(f)}" for f in files} or None
+
+
+def check_data_unchanged(saved: dict | None, cfg, ckpt: Path) -> None:
+    """Refuse to resume `ckpt`, trained on the files fingerprinted `saved` (None: not recorded), on others."""
+    now = data_fingerprint(cfg) if saved else None
+    if not saved or now is None or now == saved:
+        return
+    changed = sorted(set(saved) ^ set(now)) or sorted(k for k in saved if saved[k] != now[k])
+    raise ConfigError(
+        f"output.resume: {ckpt} was trained on other data: {cfg.data.source} [{cfg.data.train_split}] changed "
+        f"({', '.join(changed)}), and the saved data position indexes the rows it was trained on; restore its "
+        f"data, or start afresh in another output.dir")
 
 
 def used_by_a_run(out_dir: str | Path) -> list[str]:
@@ -148,6 +197,7 @@ def resume_point(cfg) -> tuple[Path | None, bool]:
     if not (path / STATE_FILE).is_file():
         raise ConfigError(f"output.resume: {path} is not a complete rlft checkpoint (no {STATE_FILE})")
     check_settings_unchanged(read_state(path).get("settings"), cfg, path)
+    check_data_unchanged(read_state(path).get("data"), cfg, path)
     if cfg.output.resume_weights_only:
         return path, True
     saved, now = saved_layout(path), policy_layout(cfg)

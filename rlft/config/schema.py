@@ -379,6 +379,11 @@ class EnvironmentConfig:
     # Tokens after the prompt per episode, the inserted tool replies included (null = sampling.max_tokens)
     max_episode_tokens: int | None = None
     evaluate_with_tools: bool = True  # evaluations run the same episodes; false: one turn, no tools
+    # Each call of the environment (its constructor, open, step) must return within this many seconds
+    # (null = unbounded), and a reply's messages hold at most this many characters (null = unbounded):
+    # a call past either stops the run with one line naming the environment, the question and the rank
+    step_timeout_s: float | None = 60.0
+    max_reply_chars: int | None = 100_000
 
     def episode_tokens(self, max_tokens: int) -> int:
         """The episode's budget of tokens after the prompt (`max_episode_tokens`, else `max_tokens`)."""

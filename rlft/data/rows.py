@@ -44,6 +44,10 @@ from rlft.data.examples import (
 
 SKIP_UNGRADABLE = "ungradable_answer"  # a gold the grader cannot read (over-long, or looks like code)
 SKIP_BY_ADAPTER = "adapter_skipped"  # data.adapter returned None for the row
+SKIP_SOLUTION_AS_GOLD = "gold_is_a_solution"  # gold_kind plain on a worked solution (####, \\boxed, several lines)
+# Past this share of the first rows skipped as SKIP_SOLUTION_AS_GOLD, a launch is refused: the gold
+# field holds worked solutions, not answers, and gold_kind is the wrong one.
+MAX_SOLUTION_GOLD_SHARE = 0.5
 
 
 # --------------------------------------------------------------------------- gold kinds
@@ -92,6 +96,13 @@ def read_boxed(value: Any) -> tuple[str | None, str | None]:
     return _gradable(box)
 
 
+def looks_like_a_solution(text: str) -> bool:
+    """A gold that is a worked solution rather than an answer: GSM8K's ``####``, a ``\\boxed{}``, or
+    several lines."""
+    text = text.strip()
+    return "####" in text or "\\boxed" in text or "\\fbox" in text or "\n" in text
+
+
 def read_plain(value: Any) -> tuple[str | None, str | None]:
     from rlft.reward.answers import ground_truth_texts
 
@@ -99,6 +110,8 @@ def read_plain(value: Any) -> tuple[str | None, str | None]:
         return None, SKIP_MISSING_FIELD
     if isinstance(value, float) and value != value:  # NaN: an empty cell of a table
         return None, SKIP_MISSING_FIELD
+    if isinstance(value, str) and looks_like_a_solution(value):
+        return None, SKIP_SOLUTION_AS_GOLD
     return _gradable(ground_truth_texts(value)[0])
 
 
@@ -319,10 +332,21 @@ def check_local_fields(d, splits: tuple[str, ...]) -> None:
         rows = first_rows(file)
         if not rows:
             continue
-        reader = mapping.reader(str(file))
+        reader, skipped = mapping.reader(str(file)), Counter()
         for index, row in enumerate(rows):
-            reader.example(row, index, Counter())
+            reader.example(row, index, skipped)
         reader.finish()
+        check_solution_golds(d, str(file), skipped[SKIP_SOLUTION_AS_GOLD], len(rows))
+
+
+def check_solution_golds(d, where: str, solutions: int, rows: int) -> None:
+    """ValueError naming ``data.fields.gold_kind`` when more than :data:`MAX_SOLUTION_GOLD_SHARE` of
+    ``rows`` had a worked solution as their plain gold."""
+    if rows and solutions > MAX_SOLUTION_GOLD_SHARE * rows:
+        kind = "gsm8k" if d.fields.gold == "answer" else "gsm8k or boxed"
+        raise ValueError(f"data.fields.gold_kind: {d.fields.gold_kind}, but {solutions} of the first {rows} golds of "
+                         f"{where} (field {d.fields.gold!r}) are worked solutions (####, \\boxed or several lines), "
+                         f"not answers: use data.fields.gold_kind={kind}, or a field holding the answer alone")
 
 
 def load_split(d, split: str, *, size: int | None, seed: int):

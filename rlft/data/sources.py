@@ -105,7 +105,7 @@ def _rows_from_jsonl(path: Path, skipped: Counter) -> Iterator[Any]:
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a byte-order mark opens some files
             except UnicodeDecodeError as e:
                 skipped[SKIP_NOT_UTF8] += 1
                 not_utf8.append(f"line {number} (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
@@ -137,7 +137,7 @@ def rows_from_csv(path: Path) -> Iterator[dict]:
     import csv
 
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # a byte-order mark (Excel's) is no header text
             for row in csv.DictReader(f):
                 yield {k: v for k, v in row.items() if k is not None and v not in (None, "")}
     except UnicodeDecodeError as e:
@@ -243,6 +243,11 @@ def load_gsm8k(source: str, split: str, rows: Any = None) -> LoadResult:
     return result
 
 
+class NoUsableExamples(ValueError):
+    """A split whose rows were all read and none is usable (every other ValueError is its own problem:
+    an adapter that raised, a field no row has)."""
+
+
 def load_examples(source: str, split: str, *, size: int | None = None, seed: int = 0,
                   rows: Any = None) -> LoadResult:
     """Load a split from any supported source.
@@ -269,5 +274,5 @@ def load_examples(source: str, split: str, *, size: int | None = None, seed: int
     if size is not None:
         result.examples = result.examples[:size]
     if not result.examples:
-        raise ValueError(f"no usable examples in {source!r} [{split}] (skipped: {result.skipped})")
+        raise NoUsableExamples(f"no usable examples in {source!r} [{split}] (skipped: {result.skipped})")
     return result

@@ -8,6 +8,7 @@
     tools.py       Tool: one tool's record (name, JSON schema, run within time and size limits, reply
                    format); tool_from_function (a typed, documented function), TOOLS, run_tool_call
     tool_environment.py  ToolEnvironment: the model calls any of a list of tools, dispatched by name
+    guard.py       every environment's calls bounded: a deadline per call, a cap on a reply's size
     calculator.py  exact, bounded arithmetic on Python's ast (never eval), the calculator tool and
                    CalculatorEnvironment (the tool environment with it)
     tool_calls.py  reading <tool_call>{json}</tool_call> calls out of a turn

@@ -30,6 +30,7 @@ from rlft.envs.base import Environment, EpisodeStart, SingleTurnEnvironment
 from rlft.envs.calculator import CalculatorEnvironment
 from rlft.envs.tool_environment import ToolEnvironment
 from rlft.envs.tools import ToolSpecError, resolve_tools
+from rlft.envs.guard import call_with_deadline, default_limits, guard_environment
 
 DEFAULT_ENVIRONMENT = "single_turn"
 # The probe episode make_environment opens (a GSM8K-like question and its answer).
@@ -180,11 +181,13 @@ def make_environment(name: str = DEFAULT_ENVIRONMENT, prompt: Prompt | None = No
     if tools and not record.takes_tools:
         raise EnvironmentSpecError(f"environment {name!r} takes no tools, and was given {len(tools)}")
     try:
-        env = record.build(prompt, **(options or {}), **({"tools": list(tools)} if tools else {}))
+        env = call_with_deadline(record.build, (prompt,), default_limits().step_timeout_s, "",
+                                 kwargs={**(options or {}), **({"tools": list(tools)} if tools else {})})
     except Exception as err:
         raise EnvironmentSpecError(f"environment {name!r} could not be built ({_first_line(err)})") from None
     if not isinstance(env, Environment):
         raise EnvironmentSpecError(f"environment {name!r}: built a {type(env).__name__}, not an Environment")
+    env = guard_environment(env, name)  # every open/step bounded in time, every reply in size
     if probe:
         try:
             start = env.open(PROBE_QUESTION, PROBE_ANSWER)

@@ -47,7 +47,7 @@ from pathlib import Path
 from rlft.common import DTYPE_CHOICES, resolve_dtype
 from rlft.data.prompts import DEFAULT_PROMPT_TEMPLATE
 from rlft.evaluate.inputs import (DataSpec, InputError, default_out_dir, parse_data_arg,  # noqa: F401 (the cli's names)
-                                  parse_fields)
+                                  check_out_dir, parse_fields)
 from rlft.reward.formats import ANSWER_FORMATS, DEFAULT_ANSWER_FORMAT, get_answer_format
 
 PROG = "rlft.evaluate"
@@ -173,6 +173,7 @@ def build_environment(args: argparse.Namespace):
     true; the single-turn one with ``--no-tools``) and the config's section (its ``max_turns``,
     ``max_episode_tokens``, ``options``).  InputError naming the option when it cannot be used."""
     from rlft.config.schema import EnvironmentConfig
+    from rlft.envs.guard import set_default_limits
     from rlft.envs.registry import DEFAULT_ENVIRONMENT, EnvironmentSpecError, make_environment
 
     if args.no_tools and args.environment:
@@ -181,6 +182,7 @@ def build_environment(args: argparse.Namespace):
     name = args.environment or (e.name if e.evaluate_with_tools and not args.no_tools else DEFAULT_ENVIRONMENT)
     option = "--environment" if args.environment else "--config: environment.name"
     try:
+        set_default_limits(e.step_timeout_s, e.max_reply_chars)  # the config's bounds on every call
         return make_environment(name, args.prompt, e.options if name == e.name else {},
                                 tools=e.tools if name == e.name else ()), e
     except EnvironmentSpecError as exc:
@@ -247,6 +249,7 @@ def load_inputs(args: argparse.Namespace) -> tuple[str, list[tuple[DataSpec, lis
     check_args(args)
     specs = [parse_data_arg(text) for text in args.data or ["gsm8k:test"]]
     labels = [d.label for d in specs]
+    check_out_dir(args.out, labels if len(labels) > 1 else [])  # before the evaluation, not after it
     if len(set(labels)) != len(labels):
         raise InputError(f"--data: two sets share an output name ({', '.join(labels)})")
     try:

@@ -1,9 +1,11 @@
 """What ``python -m rlft.evaluate`` reads from its command line before anything heavy starts: the
 ``--data`` sources (:func:`parse_data_arg`), ``--fields`` (:func:`parse_fields`) and the default
-output directory (:func:`default_out_dir`); a mistake is an :class:`InputError`, one line."""
+output directory (:func:`default_out_dir`) and whether ``--out`` can be written (:func:`check_out_dir`);
+a mistake is an :class:`InputError`, one line."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -111,3 +113,22 @@ def parse_fields(text: str, rows):
     if changes.get("gold_kind", rows.gold_kind) not in GOLD_KINDS:
         raise InputError(f"--fields: gold_kind {changes['gold_kind']!r} is none of {', '.join(GOLD_KINDS)}")
     return dataclasses.replace(rows, adapter=None, **changes) if changes else rows
+
+
+def check_out_dir(out: str | None, labels: list[str]) -> None:
+    """``--out`` can hold the results (``out``, or ``out/<label>`` for each of several sets): not a
+    file, under no file, in a directory this process may write.  Checked before the evaluation, which
+    would otherwise run to its end and fail on writing."""
+    if out is None:
+        return
+    targets = [Path(out) / label for label in labels] if labels else [Path(out)]
+    for target in [Path(out), *targets]:
+        if target.exists() and not target.is_dir():
+            raise InputError(f"--out: {target} is a file, not a directory: name a directory for the results")
+    ancestor = Path(out).absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InputError(f"--out: {out} lies under {ancestor}, which is a file, not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise InputError(f"--out: {out} cannot be written (no write permission in {ancestor})")

@@ -10,6 +10,9 @@ without a worker process.  Nothing here evaluates model text.
 from __future__ import annotations
 
 import re
+import threading
+import time
+from contextlib import contextmanager
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Sequence, Union
@@ -22,30 +25,61 @@ THINK_ANSWER_SEPARATOR = "</think> <answer>"
 ANSWER_OPEN = "<answer>"
 ANSWER_CLOSE = "</answer>"
 MAX_ANSWER_CHARS = MAX_SYMBOLIC_CHARS  # longer answers are wrong without further checks
+# distinct_candidates reads at most this many different box contents (one more than one is no answer).
+MAX_CANDIDATES = 16
 
 # --------------------------------------------------------------------------- answer extraction
 
 
+class ReadingTimeout(RuntimeError):
+    """Reading a response's answer passed the deadline of :func:`reading_deadline`."""
+
+
+_deadline = threading.local()
+
+
+@contextmanager
+def reading_deadline(seconds: float | None):
+    """Within the block, reading boxes (:func:`extract_boxed`, :func:`distinct_candidates`) that
+    passes ``seconds`` raises :class:`ReadingTimeout` (None: no deadline).  The reading is linear in
+    the text's length; the deadline bounds a text of many megabytes too."""
+    previous = getattr(_deadline, "at", None)
+    _deadline.at = None if seconds is None else time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _deadline.at = previous
+
+
+def _check_deadline(count: int) -> None:
+    at = getattr(_deadline, "at", None)
+    if at is not None and count % 1024 == 0 and time.monotonic() > at:
+        raise ReadingTimeout("reading the answer passed its deadline")
+
+
 def _read_box(text: str, start: int) -> tuple[str | None, int]:
     """(content, end) of the ``\\boxed``/``\\fbox`` command at ``start``; content None when its
-    braces never close (end is then ``len(text)``)."""
+    braces never close (end is then ``len(text)``).  Reads only the box (no copy of the text after
+    it), so that reading every box of a text is linear in its length."""
     after = start + (6 if text.startswith("\\boxed", start) else 5)
-    rest = text[after:]
-    if not rest.lstrip().startswith("{"):
-        if rest.startswith(" "):  # "\boxed 18$" form: up to the closing dollar
-            content = rest.split("$")[0]
+    offset, n = after, len(text)
+    while offset < n and text[offset].isspace():
+        offset += 1
+    if offset >= n or text[offset] != "{":
+        if text.startswith(" ", after):  # "\boxed 18$" form: up to the closing dollar
+            dollar = text.find("$", after)
+            content = text[after:dollar if dollar >= 0 else n]
             return content.strip(), after + len(content) + 1
         return None, after
-    offset = after + len(rest) - len(rest.lstrip())
     depth = 0
-    for i in range(offset, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[offset + 1:i], i + 1
-    return None, len(text)
+    for brace in _BRACES.finditer(text, offset):
+        depth += 1 if brace.group() == "{" else -1
+        if depth == 0:
+            return text[offset + 1:brace.start()], brace.end()
+    return None, n
+
+
+_BRACES = re.compile(r"[{}]")
 
 
 def _box_starts(text: str) -> list[int]:
@@ -62,7 +96,8 @@ def extract_boxed(text: str) -> str | None:
     if not starts:
         return None
     end = 0  # where the last box not inside another one ends
-    for start in starts:
+    for count, start in enumerate(starts):
+        _check_deadline(count)
         if start >= end:
             end = _read_box(text, start)[1]
     content = _read_box(text, starts[-1])[0]
@@ -82,14 +117,20 @@ def distinct_candidates(text: str) -> list[str]:
     if not starts:
         return [text.strip()] if text.strip() else []
     contents, end = [], 0
-    for start in starts:
+    for count, start in enumerate(starts):
+        _check_deadline(count)
         if start < end:  # inside the previous box
             continue
         content, end = _read_box(text, start)
         if content is not None:
             contents.append(content)
-    seen, candidates = set(), []
+    seen, texts, candidates = set(), set(), []
     for content in contents:
+        if content in texts:  # the same text again: the same candidate (read once, however often written)
+            continue
+        texts.add(content)
+        if len(candidates) > MAX_CANDIDATES:
+            break  # more than enough to be no single answer; reading the rest adds nothing
         number = parse_number_form(content, whole_fractions=True)
         key = ("number", number) if number is not None else ("text", "".join(content.split()))
         if key not in seen:
@@ -189,6 +230,34 @@ _LATEX_FRACTION = re.compile(
 _LABEL = re.compile(r"(?:[a-z]{1,2}\s*)?=\s*", re.IGNORECASE)
 
 
+# A LaTeX space ("\,", "\;", "\:", "\!", "\ ", "~") between two digits.
+_SPACE_BETWEEN_DIGITS = re.compile(r"(?<=\d)\s*(?:\\[,;:! ]|~)\s*(?=\d)")
+_DOUBLE_BRACES = re.compile(r"\{\s*\{([^{}]*)\}\s*\}")
+_OPENERS = {"{": "}", "(": ")"}
+
+
+def _ungroup(text: str) -> str:
+    """``text`` without the grouping braces or brackets around all of it: ``{18}``, ``(-3)``,
+    ``\\left( 18 \\right)``, ``{{1000}}`` -> the number; ``(1, 2)`` stays a pair and ``{1}{2}`` two groups."""
+    for _ in range(4):
+        text = text.strip()
+        if text.startswith("\\left(") and text.endswith("\\right)"):
+            text = "(" + text[6:-7] + ")"
+        close = _OPENERS.get(text[:1])
+        if close is None or not text.endswith(close):
+            return text
+        depth = 0
+        for i, ch in enumerate(text):
+            depth += 1 if ch == text[0] else -1 if ch == close else 0
+            if depth == 0 and i < len(text) - 1:
+                return text  # the first group closes before the end: "{1}{2}", "(1)(2)"
+        inner = text[1:-1]
+        if text[0] == "(" and "," in inner and not re.fullmatch(r"\s*[-+]?\s*\d{1,3}(?:,\d{3})+(?:\.\d+)?\s*", inner):
+            return text  # a pair or interval, "(1, 2)", not a number in brackets
+        text = inner
+    return text
+
+
 def _number_match(text: str) -> re.Match | None:
     """The number-form match for ``text`` after LaTeX and markdown clean-up, else None."""
     if not isinstance(text, str):
@@ -206,8 +275,14 @@ def _number_match(text: str) -> re.Match | None:
     for _ in range(3):  # \text{\textbf{18}} nests rarely and shallowly
         text = _TEXT_COMMAND.sub(r"\1", text)
     text = text.replace("\\%", "%").replace("{,}", ",").replace("\u2212", "-")
+    # LaTeX spacing between digits is a space there, not nothing: "1\,000" groups thousands (1000),
+    # "1\,8" or "1~8" is two numbers like "1 8", never 18.
+    text = _SPACE_BETWEEN_DIGITS.sub(" ", text)
+    for _ in range(3):  # grouping braces: "{{1}}" in "\frac{{1}}{{2}}"
+        text = _DOUBLE_BRACES.sub(r"{\1}", text)
     for token in _DROPPED:
         text = text.replace(token, "")
+    text = _ungroup(text)
     # Spaced, so that a mixed number ("2\\frac{1}{2}") stays two numbers instead of "21/2".
     text = _LATEX_FRACTION.sub(
         lambda m: " " + f"{m['num'] or m['num1']}/{m['den'] or m['den1']}".replace(" ", "") + " ",

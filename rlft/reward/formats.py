@@ -34,7 +34,10 @@ class AnswerFormat:
     the response is well-formed but its answer cannot be read or names several candidates.
     ``stop``: the sampler's stop strings (kept in the output).  ``instruction``: appended to the
     question in chat prompts.  ``sft_target(reasoning, final, continues_think)``: the completion
-    SFT teaches (``continues_think``: the prompt already ends with ``<think>``).
+    SFT teaches (``continues_think``: the prompt already ends with ``<think>``).  ``shortest``: the
+    shortest well-formed answer (with a one-digit answer), which a response's token budget must hold.
+    ``marker``: text a prompt asking for this format names (a text template naming another format's
+    marker and not this one's asks for the wrong format).
     """
 
     name: str
@@ -43,6 +46,8 @@ class AnswerFormat:
     instruction: str
     sft_target: Callable[[str, str, bool], str]
     description: str
+    shortest: str = ""
+    marker: str = ""
 
 
 ANSWER_FORMATS: dict[str, AnswerFormat] = {}
@@ -53,6 +58,12 @@ def register_answer_format(fmt: AnswerFormat) -> AnswerFormat:
         raise ValueError(f"answer format {fmt.name!r} is already registered")
     ANSWER_FORMATS[fmt.name] = fmt
     return fmt
+
+
+def shortest_answer(fmt: AnswerFormat) -> str:
+    """The shortest well-formed answer of ``fmt`` (its own ``shortest``, else its SFT target with no
+    reasoning and the answer 7)."""
+    return fmt.shortest or fmt.sft_target("", "7", True).strip()
 
 
 def get_answer_format(name: str) -> AnswerFormat:
@@ -100,6 +111,8 @@ R1_TAGS = register_answer_format(AnswerFormat(
     sft_target=lambda reasoning, final, continues_think: (
         f"{'' if continues_think else '<think>'} {reasoning} </think> <answer> {final} </answer>"),
     description="the R1-Zero contract: <think> ... </think> <answer> ... </answer>",
+    shortest="</think> <answer>7</answer>",
+    marker=ANSWER_CLOSE,
 ))
 # reward.answer_format's default, and that of every function taking an answer format.
 DEFAULT_ANSWER_FORMAT = R1_TAGS.name
@@ -111,6 +124,8 @@ register_answer_format(AnswerFormat(
     instruction="Please reason step by step, and put your final answer within \\boxed{}.",
     sft_target=lambda reasoning, final, continues_think: f"{reasoning}\nThe final answer is $\\boxed{{{final}}}$.",
     description="the last \\boxed{...} holds the final answer",
+    shortest="\\boxed{7}",
+    marker="\\boxed",
 ))
 
 register_answer_format(AnswerFormat(
@@ -120,4 +135,6 @@ register_answer_format(AnswerFormat(
     instruction="Solve the problem step by step. On the last line, write #### followed by the final number.",
     sft_target=lambda reasoning, final, continues_think: f"{reasoning}\n#### {final}",
     description="GSM8K's own solution format: a last line '#### N'",
+    shortest="#### 7",
+    marker="####",
 ))

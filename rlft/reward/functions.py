@@ -24,7 +24,9 @@ of the response (``reward.answer_format``, :mod:`rlft.reward.formats`). It runs 
 once per worker (bounded by the grader's start-up time), then each call is bounded by
 ``timeout_s``; a call that passes it (the worker is killed and replaced), crashes its worker or
 raises scores an all-zero reward and is counted in ``last_batch_stats`` (``timed_out``,
-``crashed``, ``errors``). ``total_timeout_s`` bounds the whole batch (``unfinished``). A return
+``crashed``, ``errors``); a batch of two or more on which every call fails so stops the run
+(:class:`RewardFunctionError`, naming the function, a ground truth and the rank).
+``total_timeout_s`` bounds the whole batch (``unfinished``). A return
 value that is not a reward (a string, None, NaN, a dict without ``"reward"``) is a bug in the
 function, not a bad response: the call raises TypeError naming the function and the value.
 The module must be importable from this process's ``sys.path`` (which the workers are given).
@@ -124,6 +126,8 @@ class BatchReward:
             grades = [_complete(value, response, self.answer_format) for value, response in zip(values, responses)]
             failed = [value is None for value in values]
         self.last_batch_stats = grader.last_batch_stats
+        if not self.is_default:
+            check_not_all_failed(self.fn, failed, ground_truths, self.last_batch_stats)
         if len(grades) != len(responses):  # a grader bug, never a user's: fail loudly
             raise RuntimeError(f"{self.fn}: {len(grades)} rewards for {len(responses)} responses")
         if self.format_weight:
@@ -135,6 +139,26 @@ class BatchReward:
     def __repr__(self) -> str:
         return (f"BatchReward(fn={self.fn!r}, answer_format={self.answer_format!r}, format_weight={self.format_weight}, "
                 f"timeout_s={self.timeout_s}, total_timeout_s={self.total_timeout_s})")
+
+
+class RewardFunctionError(RuntimeError):
+    """A custom reward function that failed on every item of a batch (one line)."""
+
+
+def check_not_all_failed(fn: str, failed: Sequence[bool], ground_truths: Sequence, stats: GradeStats) -> None:
+    """RewardFunctionError naming ``fn``, a ground truth and the rank when every call of a batch of two
+    or more raised, timed out or killed its worker: all rewards 0, every advantage 0, nothing learnt.
+    Items the batch deadline never reached (``unfinished``) are the batch's bound, not the function's."""
+    own = stats.errors + stats.timed_out + stats.crashed
+    if len(failed) < 2 or not all(failed) or own < len(failed):
+        return
+    import os
+
+    raise RewardFunctionError(
+        f"reward.fn {fn}: every call of a batch of {len(failed)} failed (errors={stats.errors}, "
+        f"timed_out={stats.timed_out}, crashed={stats.crashed}; reward.timeout_s bounds each call), e.g. on "
+        f"the ground truth {str(ground_truths[0])[:60]!r} (rank {os.environ.get('RANK', '0')}): every reward "
+        f"would be 0; fix the function")
 
 
 def make_reward_fn(

@@ -13,7 +13,9 @@ Answer equivalence is decided in two tiers:
    the answer must be written as a number too, and is compared as an exact rational (``Decimal``
    -> ``Fraction``; never floats, so 20-digit integers compare exactly). Number forms
    (:func:`parse_number_form`): integers and decimals with thousands commas (``1,000``,
-   ``1{,}000``, ``1\\,000``) or spaces (``1 000``), a sign, currency (``$18``, ``\\$18``), trailing units
+   ``1{,}000``, ``1\\,000``) or spaces (``1 000``; a LaTeX space between digits that do not group
+   by three is no separator: ``1\\,8`` and ``1~8`` are no number, like ``1 8``), grouping braces or
+   brackets around it (``{18}``, ``(-3)``, ``\\boxed{{18}}``, ``\\frac{{1}}{{2}}``), a sign, currency (``$18``, ``\\$18``), trailing units
    (``18 dollars``, ``\\text{18 apples}``, ``18 cm^2``; not words that negate, hedge or scale:
    ``18 or more``, ``18 thousand``, ``18k``, nor a ``~`` before it: ``~18`` is about 18), a percent sign read once, by the gold (``25%`` is
    right for 25 or 0.25, ``1800%`` is not right for 18; :func:`same_number`),
@@ -25,6 +27,8 @@ Answer equivalence is decided in two tiers:
    only with an answer that reads as an integer. Mixed numbers (``2 1/2``) and scientific
    notation are not number forms either. An answer that offers several different candidates
    (``\\boxed{18} or \\boxed{20}``; :func:`distinct_candidates`) is wrong.
+   Reading the answer is linear in the response's length and bounded by the per-item deadline
+   (``timeout_per_item``): megabytes of boxes score all-zero, counted as ``timed_out``.
 2. **Symbolic, in a worker process.** A ground truth that is not a number (``\\sqrt{2}``,
    ``x+1``) is compared with ``math_verify`` in a long-lived child process
    (:mod:`rlft.reward.worker`). sympy can run for minutes on hostile input and ignores signals
@@ -55,6 +59,8 @@ from rlft.reward.worker import is_safe_for_symbolic
 from rlft.reward.answers import (
     MAX_ANSWER_CHARS,
     GroundTruth,
+    ReadingTimeout,
+    reading_deadline,
     decide_in_process,
     ground_truth_texts,
 )
@@ -81,17 +87,24 @@ RIGHT_ANSWER = _reward(True, True)
 
 def _grade_in_process(responses: Sequence[str], ground_truths: Sequence[GroundTruth],
                       split: Callable[[str], tuple[bool, str | None]], fast: bool,
-                      results: list[dict[str, float] | None], stats: GradeStats) -> list[_Job]:
+                      results: list[dict[str, float] | None], stats: GradeStats,
+                      per_item: float | None = None) -> list[_Job]:
     """Grade in this process every response whose verdict needs no symbolic check (a format error,
     no or an over-long answer, one decided by exact numbers, one unsafe for the LaTeX parser),
     writing its reward into ``results`` and counting it in ``stats``; the jobs of the symbolic
-    checks the others still need, for the workers."""
+    checks the others still need, for the workers.  Reading a response's answer passing ``per_item``
+    seconds (megabytes of boxes) scores it all-zero, counted as ``timed_out``."""
     jobs: list[_Job] = []
     for i, (response, ground_truth) in enumerate(zip(responses, ground_truths)):
         if not isinstance(response, str):
             raise TypeError(f"responses[{i}] must be a str, got {type(response).__name__}")
         golds = ground_truth_texts(ground_truth)
-        format_ok, answer = split(response)
+        try:
+            with reading_deadline(per_item):  # linear in the response, and bounded like a symbolic check
+                format_ok, answer = split(response)
+        except ReadingTimeout:
+            results[i], stats.timed_out = FORMAT_ERROR, stats.timed_out + 1
+            continue
         if not format_ok:
             results[i], stats.in_process = FORMAT_ERROR, stats.in_process + 1
             continue
@@ -159,7 +172,7 @@ class Grader(WorkerPool):
         split = split or get_answer_format(answer_format).split
         stats = GradeStats(graded=len(responses))
         results: list[dict[str, float] | None] = [None] * len(responses)
-        jobs = _grade_in_process(responses, ground_truths, split, fast, results, stats)
+        jobs = _grade_in_process(responses, ground_truths, split, fast, results, stats, per_item)
 
         with self.batch(stats):
             outcomes = self._run_jobs(jobs, per_item, deadline, limit, stats) if jobs else {}

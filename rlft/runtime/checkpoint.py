@@ -5,7 +5,8 @@
         hf/                     the policy as an HF model directory (one safetensors shard per stage);
                                 with LoRA the merged model, and hf/adapter/ the adapters (peft's format)
         rng/rank_<r>.pt         every rank's RNG state
-        trainer_state.json      step, data position, the policy's layout; written last
+        trainer_state.json      step, data position, the policy's layout, the training files'
+                                fingerprint; written last
     OUT/model/                  the final HF model (written when training completes)
 
 A checkpoint is written into `.step_000010.tmp/` and renamed to `step_000010/` only after every rank
@@ -31,6 +32,7 @@ from rlft.config.resume_rules import (  # the checkpoints' layout, read before a
     checkpoint_root,
     checkpoint_step,
     complete_checkpoints,
+    data_fingerprint,
     latest_checkpoint,
     policy_layout,
     read_json,
@@ -280,7 +282,7 @@ def _save_checkpoint(ctx: RankContext, step: int) -> None:
             save_adapter(tmp / "hf" / ADAPTER_DIR, adapter, peft_lora_config(cfg.model.lora), ctx.model_path)
         write_json_atomic(tmp / STATE_FILE, {"step": step, "prompt_sampler": data_state,
                                              "total_steps": cfg.schedule.steps, "layout": policy_layout(cfg),
-                                             "settings": run_settings(cfg)})
+                                             "settings": run_settings(cfg), "data": data_fingerprint(cfg)})
         publish(tmp, dst)
         prune(cfg.output.dir, cfg.output.keep_checkpoints)
         log.info("saved checkpoint %s", dst)

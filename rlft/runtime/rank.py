@@ -26,6 +26,8 @@ from rlft.runtime.reporting import setup_logging
 from rlft.runtime.sync import WeightSyncError
 from rlft.runtime.watchdog import PEER_POLL_S, Watchdog, launcher_processes
 from rlft.config.topology import RankRoles, roles_for_rank
+from rlft.envs.guard import EnvironmentCallError, set_default_limits
+from rlft.reward.functions import RewardFunctionError
 
 # How a collective fails on the survivors when another rank died (the launcher then stops them all),
 # or when one did not answer within the wait bound (topology.collective_timeout_minutes).
@@ -73,6 +75,7 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
         say_line(f"rlft: config error: topology needs {cfg.world_size()} ranks but {world} were launched "
                  f"(use {launcher}, which starts the right number)")
         raise SystemExit(2)
+    set_default_limits(cfg.environment.step_timeout_s, cfg.environment.max_reply_chars)  # every environment's bounds
     roles = roles_for_rank(cfg.topology, rank)
     setup_logging(rank, role_label(roles) if role_label else "+".join(n.split("[")[0] for n in roles.names()))
     _life.roles = roles
@@ -95,7 +98,7 @@ def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher:
         run_fn(ctx)
     except ConfigError as e:
         fail(ctx, f"config error: {e}", exit_code=2)
-    except (CheckpointError, WeightSyncError) as e:  # its message is the whole story: no traceback
+    except (CheckpointError, WeightSyncError, EnvironmentCallError, RewardFunctionError) as e:  # its message is the whole story: no traceback
         fail(ctx, f"{type(e).__name__}: {e}", exit_code=1)
     except torch.OutOfMemoryError as e:
         fail(ctx, out_of_memory_message(ctx, e), exit_code=1)
