@@ -154,6 +154,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_output_and_data(cfg)
     _check_environment(cfg)
     _check_sft(cfg.sft)
+    _check_tool_options(cfg)
     _check_batch_split(cfg.topology, cfg.optim)
     _check_reporting(cfg.reporting)
     return cfg
@@ -468,3 +469,13 @@ def check_nodes(t: TopologyConfig) -> None:
     if t.nodes > 1 and LAUNCHERS[t.launcher].per_node_launch:
         _require(bool(t.master_addr), f"topology.master_addr: required with topology.launcher={t.launcher} (node 0's "
                                       f"address, as every node reaches it)")
+
+
+def _check_tool_options(cfg: RunConfig) -> None:
+    """Tool traces and tool episodes' rollout options (rlft/envs/rollout_options.py)."""
+    from rlft.envs.rollout_options import check_tool_options
+
+    try:
+        check_tool_options(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

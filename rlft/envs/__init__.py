@@ -11,7 +11,13 @@
     episodes.py    run_episodes, the multi-turn rollout over any engine: tokens, model masks, log-probs,
                    caps (EpisodeResult); the batch takes the masks (build_rollout_batch's
                    response_token_masks), so the loss sees only the model's tokens
-    metrics.py     per-step metrics and readable samples of episodes
+    metrics.py     per-step metrics and readable samples of episodes (calls, well-formed, void turns)
+    turns.py       what a turn is: a call, an answer, or void (neither); well-formed calls
+    traces.py      sft.solution_form: GSM8K's <<expr=result>> annotations as tool calls answered by the
+                   environment's tool (tool_calls), or stripped on the same rows (plain_checked)
+    rollout_options.py  environment.void_turns, reward.tool_reward, environment.demonstrations: their
+                   records, the void-turn mask, the capped well-formed-call reward, the config checks
+    demonstrations.py  a worked tool episode before the question, annealed to none over N steps
     sft_targets.py SFT targets holding tool calls and <tool_response> replies, tokenised as the episode
                    they describe (the replies as the chat template's tokens, out of the loss)
 """

@@ -8,7 +8,9 @@ sampler) and draws batches in a seeded, resumable order.
 With a multi-turn environment (`environment.name`, e.g. `calculator`) the prompt is the environment's
 opening (with its tools) and a target may hold tool calls and the tool's replies
 (`<tool_response>...</tool_response>`): it is tokenised as the episode it describes
-(`rlft.envs.sft_targets`), the replies as the chat template's tokens and out of the loss.  Without one,
+(`rlft.envs.sft_targets`), the replies as the chat template's tokens and out of the loss; with
+`sft.solution_form: tool_calls` GSM8K's calculator annotations become such calls, answered by the
+environment's tool (`rlft.envs.traces`).  Without one,
 a row whose target holds a tool's reply is left out (counted as `tool_replies`): the model would learn
 to write the tool's answers itself.
 """
@@ -25,6 +27,7 @@ from rlft.data.prompts import DEFAULT_PROMPT_TEMPLATE, Prompt, format_sft_target
 from rlft.data.rows import load_split
 from rlft.envs.registry import environment_record, make_environment
 from rlft.envs.sft_targets import TargetError, has_tool_responses, target_token_ids
+from rlft.envs.traces import solution_transform
 
 # Reasons a training row is left out (counted and logged once).
 SKIP_NO_SOLUTION = "no_solution"  # no worked solution, or one format_sft_target cannot rewrite
@@ -49,19 +52,27 @@ class SFTData:
 
 
 def build_sft_data(examples, tokenizer, *, template: str | Prompt = DEFAULT_PROMPT_TEMPLATE, max_seq_len: int = 1024,
-                   chunk_size: int = 1024, end_with_eos: bool = False, environment=None) -> SFTData:
+                   chunk_size: int = 1024, end_with_eos: bool = False, environment=None,
+                   transform=None) -> SFTData:
     """Rewrite `rlft.data.Example`s into SFT pairs, dropping (and counting) unusable ones.
 
     Token counts are those `rlft.batching.batch.tokenize_prompt_and_output` will produce: the prompt
     tokenised with the tokenizer's special tokens (only what its attention mask keeps), the target
     without, plus its eos with `end_with_eos`.  A pair is kept when prompt + target tokens <= `max_seq_len`.
     `environment`: a multi-turn environment, whose episodes the pairs are (`episode_rows`).
+    `transform`: `sft.solution_form`'s function of (question, ground truth, solution) -> (solution or
+    None, skip reason) (`rlft.envs.traces.solution_transform`: annotations as tool calls, or checked).
     """
     prompt = template if isinstance(template, Prompt) else Prompt(template)
     skipped: Counter = Counter()
     pairs = []
     for ex in examples:
-        target = format_sft_target(ex.solution, prompt) if ex.solution else None
+        solution, reason = transform(ex.question, ex.ground_truth, ex.solution) if transform and ex.solution else (
+            ex.solution, None)
+        if reason is not None:
+            skipped[reason] += 1
+            continue
+        target = format_sft_target(solution, prompt) if solution else None
         if target is None:
             skipped[SKIP_NO_SOLUTION] += 1
             continue
@@ -155,8 +166,9 @@ class SFTFeeder:
         e = cfg.environment
         environment = (make_environment(e.name, prompt_of(cfg), e.options)
                        if environment_record(e.name).multi_turn else None)
+        transform = solution_transform(cfg.sft.solution_form, environment, e.max_turns)
         data = build_sft_data(loaded.examples, tokenizer, template=prompt_of(cfg), max_seq_len=max_seq_len,
-                              end_with_eos=cfg.sft.end_with_eos, environment=environment)
+                              end_with_eos=cfg.sft.end_with_eos, environment=environment, transform=transform)
         data.skipped = dict(Counter(loaded.skipped) + Counter(data.skipped))
         if not len(data):
             reasons = ", ".join(f"{k}={v}" for k, v in sorted(data.skipped.items()))
