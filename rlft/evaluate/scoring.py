@@ -265,7 +265,7 @@ def evaluate(
     lengths = [[c.model_tokens if episodes else len(c.token_ids) for c in group] for group in groups]
     records, summary = score_responses(examples, responses, lengths, k=k, answer_format=prompt.answer_format)
     if episodes:
-        add_episode_figures(records, summary, groups)
+        add_episode_figures(records, summary, groups, answer_format=prompt.answer_format)
     seconds = time.perf_counter() - start
     summary["seconds"] = seconds
     summary["examples_per_s"] = len(examples) / max(seconds, 1e-9)

@@ -17,8 +17,10 @@ from rlft.config import RunConfig
 from rlft.data import Example
 from rlft.data.prompts import prompt_of
 from rlft.engines.base import RolloutEngine, SamplingSpec, sampling_spec
+from rlft.envs.demonstrations import with_demonstrations
 from rlft.envs.episodes import TRUNCATED, EpisodeResult, open_episodes, run_episodes
 from rlft.envs.registry import environment_record, make_environment
+from rlft.envs.rollout_options import add_tool_reward
 from rlft.reward.functions import make_reward_fn
 from rlft.reward.grader import default_grader
 
@@ -72,6 +74,7 @@ class RolloutGenerator:
         e = cfg.environment
         self.environment = (make_environment(e.name, self.prompt, e.options)
                             if environment_record(e.name).multi_turn else None)
+        self.environment = with_demonstrations(self.environment, cfg)  # environment.demonstrations
 
     def generate(self, examples: list[Example], seed: int, keep_awake: bool = False,
                  logprobs: bool = False) -> Rollout:
@@ -142,4 +145,5 @@ class RolloutGenerator:
         for grade, episode in zip(grades, rollout.episodes):
             if episode is not None and episode.reward is not None:  # the environment's own reward
                 grade["reward"] = float(episode.reward)
+        add_tool_reward(self.cfg.reward, grades, rollout.episodes)  # reward.tool_reward
         return grades, {f"grader/{k}": float(getattr(stats, k)) for k in GRADER_COUNTERS}

@@ -17,7 +17,9 @@ from rlft.data import Example
 from rlft.batching.dynamic_sampling import GroupPool, group_rows, informative_groups
 from rlft.batching.round_size import RoundSizer
 from rlft.engines.base import RolloutEngine
+from rlft.envs.demonstrations import demonstration_step
 from rlft.envs.metrics import episode_metrics, episode_sample
+from rlft.envs.rollout_options import mask_void_episodes
 from rlft.grpo import OVERLONG_MODES, compute_group_normalized_rewards
 from rlft.batching.overlong import OverlongOutcome, overlong_outcome
 from rlft.roles.batch_queue import BatchQueue, Timer, untimed
@@ -84,6 +86,7 @@ class RolloutWorker:
         if getattr(self.engine, "raw_engine_seconds", None):  # an evaluation's since the last step: not this step's
             self.engine.raw_engine_seconds = []
         metrics = dict.fromkeys((f"grader/{k}" for k in GRADER_COUNTERS), 0.0)
+        metrics.update(demonstration_step(self.generator.environment, step))  # environment.demonstrations
         for r in range(rounds):
             with timed("sample"):
                 missing = self.prompts.per_step - len(pool.kept)  # groups the step still needs
@@ -120,8 +123,10 @@ class RolloutWorker:
             metrics["epoch_ended"] = self.prompts.epochs_taken > epochs_before
         metrics.update(rollout_metrics(rollout, grades, batch, reward_stats))
         if None not in rollout.episodes:  # a multi-turn environment: turns, tool calls, how episodes ended
-            metrics.update(episode_metrics(rollout.episodes, correct=[g["answer_reward"] for g in grades]))
+            metrics.update(episode_metrics(rollout.episodes, correct=[g["answer_reward"] for g in grades],
+                                           answer_format=cfg.reward.answer_format))
         metrics.update(self.filter_overlong(batch, rollout))  # after: lengths describe what was sampled
+        metrics.update(mask_void_episodes(cfg.environment.void_turns, batch, rollout.episodes, cfg.reward.answer_format))
         metrics["prompt_indices"] = [ex.index for ex in examples]
         metrics.update(self.prompts.metrics())
         every = cfg.schedule.log_samples_every
