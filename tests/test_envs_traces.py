@@ -183,3 +183,54 @@ def test_full_gsm8k_train_converts_every_annotated_row(tok, calculator):
     with_calls = sum("<tool_call>" in s for s, _ in results)
     assert with_calls == 7378  # the 95 others carry no annotation: episodes without a call
     assert sum(s.count("<tool_call>") for s, _ in results) == sum(e.solution.count("<<") for e in examples)
+
+
+def test_a_tiny_cpu_sft_on_the_traces_through_launch_sft_sh(tmp_path):
+    """launch/sft.sh, 2 CPU ranks (sft_cpu_tiny.yaml's layout), on the fixture's first 10 rows as calculator
+    episodes: step 1's loss is plain transformers' NLL of the model's tokens of its batch, the replies out."""
+    import subprocess
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlft.data import PromptSampler
+    from rlft.roles.sft_data import build_sft_data, sft_batch
+    from tool_episodes import tiny_tool_model
+
+    root = Path(__file__).resolve().parents[1]
+    model, out = tiny_tool_model(tmp_path / "model"), tmp_path / "run"
+    overrides = [f"model.path={model}", f"data.source={FIXTURE}", f"output.dir={out}", "data.prompt_template=chat",
+                 "reward.answer_format=boxed", "environment.name=calculator", "environment.max_turns=10",
+                 "environment.max_episode_tokens=64", "sft.solution_form=tool_calls", "sft.max_steps=2",
+                 "schedule.evaluate_freq=0", "schedule.save_every=0"]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false", "RLFT_PROGRESS": "0"}
+    proc = subprocess.run(["bash", str(root / "launch" / "sft.sh"), str(root / "launch" / "configs" / "sft_cpu_tiny.yaml"),
+                           *overrides], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    logs = proc.stdout + proc.stderr
+    # Of the first 10 rows, 6 episodes fit sft_cpu_tiny.yaml's 450 tokens (prompt + episode, worked out with
+    # this tokenizer: 224, 182, 333, 418, 228 and 379; the others 537 to 782).
+    assert "6 pairs from" in logs and "too_long=4" in logs, logs[-3000:]
+    tok = AutoTokenizer.from_pretrained(model)
+    from rlft.envs.registry import make_environment
+
+    calculator = make_environment("calculator", BOXED)
+    rows = load_examples(str(FIXTURE), "train", size=10).examples
+    data = build_sft_data(rows, tok, template=BOXED, max_seq_len=450, end_with_eos=True, environment=calculator,
+                          transform=solution_transform("tool_calls", calculator, 10))
+    assert len(data) == 6
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    step1 = next(s for s in steps if s["step"] == 1 and "loss" in s)
+    first = PromptSampler(len(data), 3, seed=0).epoch_order(0)[:3]
+    batch = sft_batch(data, first, tok, end_with_eos=True)
+    assert step1["tokens/response"] == sum(sum(data.token_rows[i][2]) for i in first)  # the model's tokens only
+    init = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    with torch.no_grad():
+        logits = init(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.float()
+    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+    assert step1["loss"] == pytest.approx(float(-(logp * batch.response_mask).sum() / batch.response_mask.sum()),
+                                          rel=1e-4)
+    # The final evaluation played calculator episodes and logged the tool figures.
+    summary = json.loads(next((out / "eval").glob("step_*/summary.json")).read_text())
+    assert {"tool_call_rate", "well_formed_rate", "tool_error_rate", "void_turn_rate"} <= set(summary)
