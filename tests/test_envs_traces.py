@@ -11,11 +11,13 @@ import pytest
 
 from rlft.data import load_examples
 from rlft.data.prompts import Prompt, format_sft_target
+from rlft.envs.base import Environment, EpisodeStart, StepResult
 from rlft.envs.traces import (
     SKIP_MISMATCH,
     SKIP_TOO_MANY_CALLS,
     SKIP_TOOL_ERROR,
     SKIP_UNREADABLE,
+    TraceError,
     agrees,
     solution_transform,
 )
@@ -170,6 +172,35 @@ def test_the_solution_form_is_checked_before_any_rank_starts():
         load_config(None, ["sft.solution_form=calls"])
     cfg = load_config(None, ["sft.solution_form=tool_calls", "environment.name=calculator", "data.prompt_template=chat"])
     assert cfg.sft.solution_form == "tool_calls"
+
+
+class NoTools(Environment):
+    """A multi-turn environment that offers no tool."""
+
+    def open(self, question, ground_truth):
+        return EpisodeStart(messages=tuple(self.prompt.chat_messages(question)))
+
+    def step(self, state, text):
+        return StepResult.end()
+
+
+def test_an_environment_without_a_tool_to_call_is_one_line():
+    with pytest.raises(TraceError, match="^sft.solution_form: the environment offers no tool taking one required "
+                                         "argument") as err:
+        solution_transform("tool_calls", NoTools(BOXED), max_turns=4)
+    assert "\n" not in str(err.value)
+    assert solution_transform("plain_checked", NoTools(BOXED), max_turns=4)("q", "1", "1+0 = <<1+0=1>>1\n#### 1")[1] is None
+
+
+def test_sft_with_such_an_environment_stops_with_one_config_error(tok):
+    from rlft.config import ConfigError, load_config
+    from rlft.roles.sft_data import SFTFeeder
+
+    cfg = load_config(None, [f"data.source={FIXTURE}", "data.prompt_template=chat", "reward.answer_format=boxed",
+                             "environment.name=test_envs_traces:NoTools", "sft.solution_form=tool_calls",
+                             "sft.batch_size=2"])
+    with pytest.raises(ConfigError, match="^sft.solution_form: the environment offers no tool"):
+        SFTFeeder(cfg, tok)
 
 
 def test_full_gsm8k_train_converts_every_annotated_row(tok, calculator):

@@ -93,8 +93,8 @@ def call_format(start: EpisodeStart) -> tuple[str, str]:
         required = (fn.get("parameters") or {}).get("required") or []
         if isinstance(fn.get("name"), str) and len(required) == 1:
             return fn["name"], required[0]
-    raise TraceError("the environment offers no tool taking one required argument, so annotated solutions "
-                     "cannot call it (sft.solution_form: tool_calls)")
+    raise TraceError("sft.solution_form: the environment offers no tool taking one required argument, so "
+                     "annotated solutions cannot call it; use plain or plain_checked")
 
 
 def call_text(name: str, argument: str, expression: str) -> str:
@@ -200,6 +200,8 @@ def solution_transform(form: str, environment: Environment | None, max_turns: in
     if record.calls and environment is None:
         raise TraceError(f"sft.solution_form: {form} writes tool calls, which need a multi-turn environment "
                          "(environment.name: calculator)")
+    if record.calls:  # an environment without a tool to call is one line now, not an error on every row
+        call_format(environment.open("What is 1 + 1?", "2"))
 
     def transform(question: str, ground_truth: str, solution: str) -> tuple[str | None, str | None]:
         if not record.checked:

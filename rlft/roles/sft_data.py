@@ -27,7 +27,7 @@ from rlft.data.prompts import DEFAULT_PROMPT_TEMPLATE, Prompt, format_sft_target
 from rlft.data.rows import load_split
 from rlft.envs.registry import environment_record, make_environment
 from rlft.envs.sft_targets import TargetError, has_tool_responses, target_token_ids
-from rlft.envs.traces import solution_transform
+from rlft.envs.traces import TraceError, solution_transform
 
 # Reasons a training row is left out (counted and logged once).
 SKIP_NO_SOLUTION = "no_solution"  # no worked solution, or one format_sft_target cannot rewrite
@@ -166,7 +166,10 @@ class SFTFeeder:
         e = cfg.environment
         environment = (make_environment(e.name, prompt_of(cfg), e.options)
                        if environment_record(e.name).multi_turn else None)
-        transform = solution_transform(cfg.sft.solution_form, environment, e.max_turns)
+        try:
+            transform = solution_transform(cfg.sft.solution_form, environment, e.max_turns)
+        except TraceError as err:
+            raise ConfigError(str(err)) from None
         data = build_sft_data(loaded.examples, tokenizer, template=prompt_of(cfg), max_seq_len=max_seq_len,
                               end_with_eos=cfg.sft.end_with_eos, environment=environment, transform=transform)
         data.skipped = dict(Counter(loaded.skipped) + Counter(data.skipped))
