@@ -135,7 +135,8 @@ def check_tool_options(cfg) -> None:
                          f"a wrong one, got {r.tool_reward_weight}")
     if TOOL_REWARDS[r.tool_reward].pays_calls and r.fn != DEFAULT_REWARD_FN:
         raise ValueError(f"reward.tool_reward: the cap below a correct answer holds for the built-in grader's "
-                         f"reward; reward.fn {r.fn!r} has no known gap between right and wrong: use reward.tool_reward: none")
+                         f"reward; reward.fn {r.fn!r} has no known gap between right and wrong: "
+                         "use reward.tool_reward: none")
     if e.demonstration_steps < 1:
         raise ValueError(f"environment.demonstration_steps: must be >= 1, got {e.demonstration_steps}")
     check_solution_form(cfg)
