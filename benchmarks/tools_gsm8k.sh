@@ -3,10 +3,10 @@
 # first the same cold start, SFT_STEPS steps of SFT on the same training solutions (launch/configs/
 # sft_tools_coldstart.yaml), with GSM8K's calculator annotations as tool calls answered by the calculator for
 # the calculator arm (sft.solution_form: tool_calls) and stripped for the single-turn arm (plain_checked: the
-# same rows); then the same minutes of GRPO from each arm's own SFT model.  Both arms run side by side on the
-# GPU (each its own launch, engine and policy), from the same model with the same seed; held-out accuracy on
-# every test question (greedy) at the start of GRPO and after its last step, each arm with its own episodes
-# (tools on for the calculator arm).
+# same rows), one after the other; then the same minutes of GRPO from each arm's own SFT model, both arms
+# side by side on the GPU (each its own launch, engine and policy), from the same model with the same seed;
+# held-out accuracy on every test question (greedy) at the start of GRPO and after its last step, each arm
+# with its own episodes (tools on for the calculator arm).
 #
 #   MODEL=path/to/model.gguf GSM8K=path/to/gsm8k MINUTES=10 SFT_STEPS=100 bash benchmarks/tools_gsm8k.sh OUT
 #
@@ -53,10 +53,10 @@ arm() {  # NAME CONFIG
 }
 if [ "$SFT_STEPS" -gt 0 ]; then
   echo "[tools_gsm8k $(date +%H:%M:%S)] cold start: $SFT_STEPS SFT steps per arm" | tee -a "$out/phases.log"
-  sft_arm single environment.name=single_turn sft.solution_form=plain_checked &
-  sleep "$STAGGER"
-  sft_arm tools &
-  wait
+  # One after the other: the budget is the steps, and an engine put to sleep beside another run's
+  # allocations can fail to wake (README, one GPU shared by two runs).
+  sft_arm single environment.name=single_turn sft.solution_form=plain_checked
+  sft_arm tools
   for name in single tools; do
     [ -f "$out/sft_$name/model/config.json" ] || { echo "sft_$name wrote no model: see $out/sft_$name.log" >&2; exit 1; }
   done
