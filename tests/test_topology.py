@@ -277,6 +277,7 @@ SHIPPED_PLACEMENTS = {
     "grpo_tools_1gpu.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
     "grpo_cpu_demo.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
     "sft_1gpu.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
+    "sft_tools_coldstart.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
     "sft_cpu_demo.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
     "grpo_2gpu.yaml": [_policy(0, 1), "sampler + reference + evaluator"],
     "sft_cpu_tiny.yaml": [_policy(0, 2), f"{_policy(1, 2)} + sampler + reference + evaluator"],

@@ -154,6 +154,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_output_and_data(cfg)
     _check_environment(cfg)
     _check_sft(cfg.sft)
+    _check_tool_options(cfg)
     check_batch_split(cfg.topology, cfg.optim)
     _check_reporting(cfg.reporting)
     check_distillation(cfg)
@@ -415,3 +416,13 @@ def config_warnings(cfg: RunConfig, *, rollouts: bool = True) -> list[str]:
                      f"training rows themselves; point data.source at a directory holding "
                      f"{cfg.data.train_split} and {cfg.data.eval_split} files to evaluate on held-out rows")
     return found + (distill_warnings(cfg) if rollouts else [])
+
+
+def _check_tool_options(cfg: RunConfig) -> None:
+    """Tool traces and tool episodes' rollout options (rlft/envs/rollout_options.py)."""
+    from rlft.envs.rollout_options import check_tool_options
+
+    try:
+        check_tool_options(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

@@ -255,6 +255,10 @@ class RewardConfig:
     answer_format: str = DEFAULT_ANSWER_FORMAT
     format_weight: float = 0.0  # shaping: + weight x format reward (0 = the original reward)
     timeout_s: float = 1.0  # per response: a check that takes longer scores 0 and is counted
+    # none | well_formed_calls: a tool episode earns tool_reward_weight x its share of well-formed calls (ToolRL);
+    # the weight stays below 1, so a correct answer never scores below a wrong one (rlft/envs/rollout_options.py)
+    tool_reward: str = "none"
+    tool_reward_weight: float = 0.1
 
 @dataclass
 class OptimConfig:
@@ -363,6 +367,10 @@ class SFTConfig:
     # Each target ends with the tokenizer's eos (a chat model's end-of-turn), trained: the model learns to
     # stop after its answer.  false = the original's targets, which end at the answer's last character.
     end_with_eos: bool = True
+    # What becomes of the solutions' calculator annotations (<<48/2=24>>, rlft/envs/traces.py): plain (stripped) |
+    # tool_calls (each a call of the environment's tool, answered by the tool; needs a multi-turn environment) |
+    # plain_checked (stripped, on the rows tool_calls keeps: a single-turn arm on the same solutions)
+    solution_form: str = "plain"
 
 @dataclass
 class EnvironmentConfig:
@@ -384,6 +392,12 @@ class EnvironmentConfig:
     # a call past either stops the run with one line naming the environment, the question and the rank
     step_timeout_s: float | None = 60.0
     max_reply_chars: int | None = 100_000
+    # keep | filter: an episode with a turn that is neither a call nor an answer leaves the update (SimpleTIR)
+    void_turns: str = "keep"
+    # none | annealed: a worked tool episode before the question in a share of the training prompts falling
+    # from 1 to 0 over demonstration_steps steps (rlft/envs/demonstrations.py); evaluations never show it
+    demonstrations: str = "none"
+    demonstration_steps: int = 50
 
     def episode_tokens(self, max_tokens: int) -> int:
         """The episode's budget of tokens after the prompt (`max_episode_tokens`, else `max_tokens`)."""

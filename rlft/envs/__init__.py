@@ -17,7 +17,13 @@
                    response_mask), so the loss sees only the model's tokens
     rollouts.py    RolloutRow (example, prompt, episode) and play_rows: the one row training,
                    evaluation and SFT targets read
-    metrics.py     per-step metrics and readable samples of episodes
+    metrics.py     per-step metrics and readable samples of episodes (calls, well-formed, void turns)
+    turns.py       what a turn is: a call, an answer, or void (neither); well-formed calls
+    traces.py      sft.solution_form: GSM8K's <<expr=result>> annotations as tool calls answered by the
+                   environment's tool (tool_calls), or stripped on the same rows (plain_checked)
+    rollout_options.py  environment.void_turns, reward.tool_reward, environment.demonstrations: their
+                   records, the void-turn mask, the capped well-formed-call reward, the config checks
+    demonstrations.py  a worked tool episode before the question, annealed to none over N steps
     sft_targets.py SFT targets holding tool calls and <tool_response> replies, tokenised as the episode
                    they describe (the replies as the chat template's tokens, out of the loss)
 """

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from rlft.envs.episodes import FINISH_REASONS, EpisodeResult
+from rlft.envs.turns import call_counts, void_turns
 
 
-def episode_metrics(results: Sequence[EpisodeResult], correct: Sequence[float] | None = None) -> dict[str, float]:
+def episode_metrics(results: Sequence[EpisodeResult], correct: Sequence[float] | None = None,
+                    answer_format: str | None = None) -> dict[str, float]:
     """Means over ``results`` (one per episode) under ``episodes/``:
 
     ``turns``, ``tool_calls``, ``tool_errors`` (per episode), ``tool_error_rate`` (errors per call;
@@ -15,7 +17,9 @@ def episode_metrics(results: Sequence[EpisodeResult], correct: Sequence[float] |
     ``inserted_fraction`` (inserted tokens / all episode tokens), ``finish/<reason>`` for every
     finish reason; with ``correct`` (one number in [0, 1] per episode, e.g. the answer reward):
     ``accuracy_with_tool`` / ``accuracy_without_tool`` over the episodes with / without a tool call
-    (each absent when no episode is in its group).
+    (each absent when no episode is in its group).  ``well_formed_rate``: well-formed calls per call
+    (:mod:`rlft.envs.turns`; absent without calls).  With ``answer_format``: ``void_turn_rate``, the
+    fraction of episodes with a turn that is neither a call nor an answer in that format.
     """
     n = len(results)
     if not n:
@@ -33,6 +37,11 @@ def episode_metrics(results: Sequence[EpisodeResult], correct: Sequence[float] |
     }
     if calls:
         out["episodes/tool_error_rate"] = sum(r.tool_errors for r in results) / calls
+    counted = [call_counts(r.turns) for r in results]
+    if sum(total for _, total in counted):
+        out["episodes/well_formed_rate"] = sum(ok for ok, _ in counted) / sum(total for _, total in counted)
+    if answer_format is not None:
+        out["episodes/void_turn_rate"] = sum(void_turns(r.turns, answer_format) > 0 for r in results) / n
     for reason in FINISH_REASONS:
         out[f"episodes/finish/{reason}"] = sum(r.finish_reason == reason for r in results) / n
     if correct is not None:

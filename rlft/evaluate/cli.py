@@ -224,8 +224,9 @@ def format_summary(summary: dict) -> str:
         rows.append(("episodes with a tool call", f"{summary['tool_call_rate']:.4f}"))
         rows.append(("tool calls / episode", f"{summary['tool_calls_per_episode']:.2f}"))
         for key, name in (("accuracy_with_tool", "accuracy with a tool call"),
-                          ("accuracy_without_tool", "accuracy without")):
-            rows.append((name, "-" if summary[key] is None else f"{summary[key]:.4f}"))
+                          ("accuracy_without_tool", "accuracy without"), ("well_formed_rate", "well-formed calls"),
+                          ("tool_error_rate", "tool errors / call"), ("void_turn_rate", "episodes with a void turn")):
+            rows.append((name, "-" if summary.get(key) is None else f"{summary[key]:.4f}"))
     if "seconds" in summary:
         rows.append(("seconds", f"{summary['seconds']:.1f}"))
         rows.append(("examples / s", f"{summary['examples_per_s']:.2f}"))

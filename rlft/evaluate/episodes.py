@@ -11,7 +11,10 @@ Per record (one per question): the first sample's ``turns``, ``tool_calls``, ``t
 * ``tool_call_rate`` — the fraction of episodes that made at least one tool call;
 * ``tool_calls_per_episode`` / ``tool_errors`` / ``turns_per_episode`` — means per episode;
 * ``accuracy_with_tool`` / ``accuracy_without_tool`` — the mean ``answer_reward`` of the episodes with /
-  without a tool call (None when no episode is in the group).
+  without a tool call (None when no episode is in the group);
+* ``well_formed_rate`` / ``tool_error_rate`` — well-formed calls / failed calls per call (None without calls);
+* ``void_turn_rate`` — the fraction of episodes with a turn that is neither a call nor an answer
+  (:mod:`rlft.envs.turns`; given the answer format).
 """
 from __future__ import annotations
 
@@ -28,6 +31,9 @@ SUMMARY_FIGURES = {
     "turns_per_episode": "episodes/turns",
     "accuracy_with_tool": "episodes/accuracy_with_tool",
     "accuracy_without_tool": "episodes/accuracy_without_tool",
+    "well_formed_rate": "episodes/well_formed_rate",
+    "tool_error_rate": "episodes/tool_error_rate",
+    "void_turn_rate": "episodes/void_turn_rate",
 }
 
 
@@ -37,10 +43,11 @@ def _counts(episode: EpisodeResult) -> dict:
 
 
 def add_episode_figures(records: list[dict], summary: dict, groups: Sequence[Sequence[EpisodeResult]],
-                        tokenizer) -> None:
+                        tokenizer, answer_format: str | None = None) -> None:
     """Add each question's episode information to its record and the tool figures to ``summary`` (in
     place; see the module docstring).  ``groups``: one list of episodes per record, aligned with its
-    ``answer_rewards``; ``tokenizer`` decodes the transcripts."""
+    ``answer_rewards``; ``tokenizer`` decodes the transcripts; ``answer_format``: the run's, which tells
+    an answer turn from a void one."""
     if len(groups) != len(records):
         raise ValueError(f"{len(groups)} groups of episodes for {len(records)} records")
     for record, group in zip(records, groups):
@@ -50,5 +57,5 @@ def add_episode_figures(records: list[dict], summary: dict, groups: Sequence[Seq
         record.update(_counts(group[0]), transcript=group[0].transcript(tokenizer), episodes=[_counts(e) for e in group])
     flat = [e for group in groups for e in group]
     correct = [float(a) for record in records for a in record["answer_rewards"]]
-    figures = episode_metrics(flat, correct=correct)
+    figures = episode_metrics(flat, correct=correct, answer_format=answer_format)
     summary.update({name: figures.get(key) for name, key in SUMMARY_FIGURES.items()})

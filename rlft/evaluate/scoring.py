@@ -266,7 +266,8 @@ def evaluate(
     lengths = [[row.episode.model_tokens for row in group] for group in groups]
     records, summary = score_responses(examples, responses, lengths, k=k, answer_format=prompt.answer_format)
     if environment.multi_turn:  # turns and tool calls: a multi-turn environment's figures
-        add_episode_figures(records, summary, [[row.episode for row in group] for group in groups], tokenizer)
+        add_episode_figures(records, summary, [[row.episode for row in group] for group in groups], tokenizer,
+                            answer_format=prompt.answer_format)
     seconds = time.perf_counter() - start
     summary["seconds"] = seconds
     summary["examples_per_s"] = len(examples) / max(seconds, 1e-9)

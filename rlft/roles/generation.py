@@ -15,7 +15,9 @@ from rlft.config import RunConfig
 from rlft.data import Example
 from rlft.data.prompts import prompt_of
 from rlft.engines.base import RolloutEngine, sampling_spec
+from rlft.envs.demonstrations import with_demonstrations
 from rlft.envs.registry import environment_record, make_environment
+from rlft.envs.rollout_options import add_tool_reward
 from rlft.envs.rollouts import RolloutRow, episode_budget, play_rows
 from rlft.reward.functions import make_reward_fn
 from rlft.reward.grader import default_grader
@@ -40,6 +42,7 @@ class RolloutGenerator:
         self.prompt = prompt_of(cfg)
         e = cfg.environment
         self.environment = make_environment(e.name, self.prompt, e.options, tools=e.tools)
+        self.environment = with_demonstrations(self.environment, cfg)  # environment.demonstrations
         # Whether the logs describe episodes (turns, tool calls, transcripts) or plain responses.
         self.multi_turn = environment_record(e.name).multi_turn
         self.episode_tokens = episode_budget(self.multi_turn, cfg.sampling.max_tokens, e.max_episode_tokens)
@@ -73,4 +76,5 @@ class RolloutGenerator:
         for grade, row in zip(grades, rollout):
             if row.episode.reward is not None:  # the environment's own reward
                 grade["reward"] = float(row.episode.reward)
+        add_tool_reward(self.cfg.reward, grades, [row.episode for row in rollout])  # reward.tool_reward
         return grades, {f"grader/{k}": float(getattr(stats, k)) for k in GRADER_COUNTERS}

@@ -23,8 +23,10 @@ from rlft.data import Example
 from rlft.batching.dynamic_sampling import GroupPool, group_rows, informative_groups
 from rlft.batching.round_size import RoundSizer
 from rlft.engines.base import RolloutEngine
+from rlft.envs.demonstrations import demonstration_step
 from rlft.envs.metrics import episode_metrics, episode_sample
 from rlft.envs.registry import environment_record
+from rlft.envs.rollout_options import mask_void_episodes
 from rlft.envs.rollouts import episode_budget
 from rlft.grpo import OVERLONG_MODES, compute_group_normalized_rewards
 from rlft.batching.overlong import OverlongOutcome, overlong_outcome
@@ -116,9 +118,10 @@ class RolloutWorker:
         kept (with `grpo.dynamic_sampling`), the batch and its metrics."""
         self.raw_engine_metrics()  # an evaluation's engine seconds since the last step: not this step's
         epochs_before = self.prompts.epochs_taken
+        demonstrations = demonstration_step(self.generator.environment, step)  # environment.demonstrations
         drawn = self.sample_rounds(step, timed)
         self.rest_engine()
-        metrics = {**drawn.counts, **self.raw_engine_metrics()}
+        metrics = {**drawn.counts, **self.raw_engine_metrics(), **demonstrations}
         if self.cfg.grpo.dynamic_sampling:
             metrics.update(drawn.pool.stats())
             metrics["dynamic_sampling/keep_rate"] = self.round_size.keep_rate  # the running share sizing rounds
@@ -187,9 +190,11 @@ class RolloutWorker:
         rollout, grades = drawn.rollout, drawn.grades
         metrics = rollout_metrics(rollout, grades, batch, reward_stats)
         if self.generator.multi_turn:  # turns, tool calls, how episodes ended
-            metrics.update(episode_metrics([row.episode for row in rollout],
-                                           correct=[g["answer_reward"] for g in grades]))
+            metrics.update(episode_metrics([row.episode for row in rollout], correct=[g["answer_reward"] for g in grades],
+                                           answer_format=self.cfg.reward.answer_format))
         metrics.update(self.filter_overlong(batch, rollout))  # after: lengths describe what was sampled
+        metrics.update(mask_void_episodes(self.cfg.environment.void_turns, batch, [row.episode for row in rollout],
+                                          self.cfg.reward.answer_format))
         metrics["prompt_indices"] = [ex.index for ex in drawn.examples]
         metrics.update(self.prompts.metrics())
         every = self.cfg.schedule.log_samples_every

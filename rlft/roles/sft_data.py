@@ -10,9 +10,10 @@ its opening (with a multi-turn environment's tools), the target the episode it d
 (`rlft.envs.sft_targets.target_episode`), and the batch is built from the rows' tokens and
 `response_mask` as the rollouts' is.  With a multi-turn environment (`environment.name`, e.g.
 `calculator`) a target may hold tool calls and the tool's replies (`<tool_response>...</tool_response>`),
-tokenised as the chat template's tokens and out of the loss.  With a single-turn one, a row whose target
-holds a tool's reply is left out (counted as `tool_replies`): the model would learn to write the tool's
-answers itself.
+tokenised as the chat template's tokens and out of the loss; with `sft.solution_form: tool_calls` GSM8K's
+calculator annotations become such calls, answered by the environment's tool (`rlft.envs.traces`).  With
+a single-turn one, a row whose target holds a tool's reply is left out (counted as `tool_replies`): the
+model would learn to write the tool's answers itself.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from rlft.envs.base import Environment, SingleTurnEnvironment
 from rlft.envs.registry import make_environment
 from rlft.envs.rollouts import RolloutRow
 from rlft.envs.sft_targets import TargetError, has_tool_responses, target_episode
+from rlft.envs.traces import TraceError, solution_transform
 
 # Reasons a training row is left out (counted and logged once).
 SKIP_NO_SOLUTION = "no_solution"  # no worked solution, or one format_sft_target cannot rewrite
@@ -60,13 +62,16 @@ class SFTData:
 
 
 def build_sft_data(examples, tokenizer, *, template: str | Prompt = DEFAULT_PROMPT_TEMPLATE, max_seq_len: int = 1024,
-                   end_with_eos: bool = False, environment: Environment | None = None) -> SFTData:
+                   end_with_eos: bool = False, environment: Environment | None = None,
+                   transform=None) -> SFTData:
     """Rewrite `rlft.data.Example`s into SFT rows, dropping (and counting) unusable ones.
 
     The prompt is the environment's opening, tokenised as the engines receive it; the target its
     episode (`target_episode`: tokenised without special tokens, plus the tokenizer's eos with
     `end_with_eos`).  A row is kept when prompt + target tokens <= `max_seq_len`.  `environment`: the
-    run's (None: the single-turn one of `template`).
+    run's (None: the single-turn one of `template`).  `transform`: `sft.solution_form`'s function of
+    (question, ground truth, solution) -> (solution or None, skip reason)
+    (`rlft.envs.traces.solution_transform`: annotations as tool calls, or checked).
     """
     prompt = template if isinstance(template, Prompt) else Prompt(template)
     environment = environment if environment is not None else SingleTurnEnvironment(prompt)
@@ -75,7 +80,12 @@ def build_sft_data(examples, tokenizer, *, template: str | Prompt = DEFAULT_PROM
     skipped: Counter = Counter()
     out = SFTData()
     for ex in examples:
-        target = format_sft_target(ex.solution, prompt) if ex.solution else None
+        solution, reason = transform(ex.question, ex.ground_truth, ex.solution) if transform and ex.solution else (
+            ex.solution, None)
+        if reason is not None:
+            skipped[reason] += 1
+            continue
+        target = format_sft_target(solution, prompt) if solution else None
         if target is None:
             skipped[SKIP_NO_SOLUTION] += 1
             continue
@@ -137,8 +147,13 @@ class SFTFeeder:
         max_seq_len = min(cfg.sft.max_seq_len, context or cfg.sft.max_seq_len)
         e = cfg.environment
         environment = make_environment(e.name, prompt_of(cfg), e.options, tools=e.tools)
+        try:  # tool calls need a multi-turn environment to write and answer them
+            transform = solution_transform(cfg.sft.solution_form, environment if environment.multi_turn else None,
+                                           e.max_turns)
+        except TraceError as err:
+            raise ConfigError(str(err)) from None
         data = build_sft_data(loaded.examples, tokenizer, template=prompt_of(cfg), max_seq_len=max_seq_len,
-                              end_with_eos=cfg.sft.end_with_eos, environment=environment)
+                              end_with_eos=cfg.sft.end_with_eos, environment=environment, transform=transform)
         data.skipped = dict(Counter(loaded.skipped) + Counter(data.skipped))
         if not len(data):
             reasons = ", ".join(f"{k}={v}" for k, v in sorted(data.skipped.items()))
