@@ -275,6 +275,7 @@ SHIPPED_PLACEMENTS = {
     "grpo_1gpu.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
     "grpo_instruct_1gpu.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
     "grpo_tools_1gpu.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
+    "grpo_distill_1gpu.yaml": [f"{_policy(0, 1)} + sampler + reference + teacher + evaluator"],
     "grpo_cpu_demo.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
     "sft_1gpu.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],
     "sft_tools_coldstart.yaml": [f"{_policy(0, 1)} + sampler + reference + evaluator"],

@@ -176,16 +176,36 @@ def test_finished_output_is_evaluated_not_retrained(tiny_run):
     assert summary["num_examples"] == 4
 
 
+FAILING_ENVIRONMENT = '''
+import os
+
+from rlft.envs.base import SingleTurnEnvironment
+
+
+class FailsOnRankOne(SingleTurnEnvironment):
+    """The single-turn environment, except on the launch's rank 1 (the launch's own checks, which run
+    before any rank starts, see one that works)."""
+
+    def open(self, question, ground_truth):
+        if os.environ.get("RANK") == "1":
+            raise RuntimeError("nosuch: no episode can be opened on this rank")
+        return super().open(question, ground_truth)
+'''
+
+
 def test_a_failing_rank_stops_the_whole_launch(tiny_run, tmp_path):
-    # Only the sampler (rank 1) reads the train split, and it is missing; the policy waits for the
-    # sampler on the bridge and must not hang there.
+    # Only rank 1 (the sampler's) fails, building its environment after the launch's checks passed; the
+    # policy waits for the sampler on the bridge and must not hang there.
+    (tmp_path / "failing_env.py").write_text(FAILING_ENVIRONMENT)
     t0 = time.time()
-    res = launch(f"model.path={tiny_run['model']}", f"data.source={tiny_run['data']}", "data.train_split=nosuch",
-                 f"output.dir={tmp_path / 'out'}", *TWO_RANKS, timeout=300)
+    res = launch(f"model.path={tiny_run['model']}", f"data.source={tiny_run['data']}",
+                 "environment.name=failing_env:FailsOnRankOne", f"output.dir={tmp_path / 'out'}", *TWO_RANKS,
+                 timeout=300, env={"PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"})
     took = time.time() - t0
     assert res.returncode != 0
     failed = [line for line in res.stderr.splitlines() if line.startswith("rlft: rank") and " failed: " in line]
-    assert len(failed) == 1 and failed[0].startswith("rlft: rank 1 (sampler + reference + evaluator) failed: "), failed
+    assert len(failed) == 1 and failed[0].startswith("rlft: rank 1 (sampler + reference + evaluator) failed: "), (
+        failed, res.stderr[-3000:])
     assert "nosuch" in failed[0]
     # The policy says why it stops (it lost contact, or the launcher's SIGTERM came first) and names the
     # failed rank, instead of repeating a transport error.
