@@ -10,6 +10,7 @@
     preflight.py     what can be refused before any rank starts (model path, init checkpoint, data)
     hub_cache.py     whether a hub id is cached or to be had from the hub (standard library only)
     start_model.py   output.init_checkpoint: refused, with the SFT config that makes it, when missing
+    model_family.py  the starting model's family: one the pipeline splits, the engine serves, LoRA's targets
     launch_plan.py   python -m rlft.config.launch_plan: the deepspeed command a config asks for
     launchers.py     DeepSpeed's multi-node launchers: one record each, and the options it needs
     resume_rules.py  the checkpoints of an output directory: which one resumes, what it may change

@@ -34,6 +34,7 @@ from rlft.grpo import (
     POLICY_LOSSES,
     ROLLOUT_IS_MODES,
 )
+from rlft.config.model_family import check_lora_targets
 from rlft.config.role_records import EXTRA_ROLES, ROLES, placed_ranks
 
 
@@ -149,6 +150,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_rollout_corrections(cfg.grpo, cfg.sampling)
     _check_sampling_section(cfg.sampling)
     _check_lora_sync(cfg)
+    check_lora_targets(cfg)
     _check_optim(cfg.optim, cfg.grpo)
     _check_schedule(cfg.schedule)
     _check_output_and_data(cfg)

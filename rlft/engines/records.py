@@ -114,6 +114,11 @@ class Backend:
         """``(True, "")`` where ``auto`` may pick it for this model and device type, else ``(False, why)``."""
         return True, ""
 
+    def refuses_family(self, family: Any) -> str | None:
+        """Why the engine cannot serve models of ``family`` (a :class:`rlft.models.families.ModelFamily`),
+        or None where it can."""
+        return None
+
     def check_settings(self, sampling: Any) -> None:
         """The ranges of its own settings in the config's ``sampling`` section, checked when the
         config is loaded; raises :class:`~rlft.engines.base.EngineSettingError` naming the key."""
