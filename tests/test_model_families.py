@@ -10,6 +10,7 @@ Refusals: families that cannot be split, attention soft-capping under SDPA, and 
 serve a family, each one line before any rank starts.
 """
 import dataclasses
+import importlib.util
 import json
 import subprocess
 import sys
@@ -154,7 +155,9 @@ def test_chunked_logprobs_apply_the_logit_transform_and_its_gradient(transform):
 # Under the deepspeed launcher: 1 and 2 stages, every family in each launch
 # --------------------------------------------------------------------------------------------
 
-LAUNCHED = [(n, name) for n in (1, 2) for name in FAMILIES]
+CHECKPOINTED = ("gemma3_text", "qwen3_moe")  # activation checkpointing: layers recomputed in backward
+CASES = {**{name: (name, 0) for name in FAMILIES}, **{f"{name}_ckpt": (name, 1) for name in CHECKPOINTED}}
+LAUNCHED = [(n, case) for n in (1, 2) for case in CASES]
 LORA_LAUNCHED = [(n, name) for n in (1, 2) for name in LORA]
 
 
@@ -176,14 +179,15 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def launches(models, tmp_path_factory):
-    def case(name, lora=False):
-        c = {"name": name + ("_lora" if lora else ""), "model_dir": str(models[name][0]), "load_from": "dir",
+    def case(case_name, name, checkpointed=0, lora=False):
+        c = {"name": case_name, "model_dir": str(models[name][0]), "load_from": "dir",
              "attn_implementation": FAMILIES[name][1], "micro_batch_size": MICRO_BATCH,
-             "gradient_accumulation_steps": GAS, "activation_checkpoint_interval": 0}
+             "gradient_accumulation_steps": GAS, "activation_checkpoint_interval": checkpointed}
         if lora:
             c["lora"] = {"settings": LORA[name], "seed": 5, "adapter_dir": str(models[f"{name}_lora"][3])}
         return c
-    cases = [case(name) for name in FAMILIES] + [case(name, lora=True) for name in LORA]
+    cases = [case(case_name, *CASES[case_name]) for case_name in CASES]
+    cases += [case(f"{name}_lora", name, lora=True) for name in LORA]
     return run_pipeline_checks(tmp_path_factory.mktemp("family_launch"), BATCHES, {1: cases, 2: cases})
 
 
@@ -195,10 +199,10 @@ def merged(results, key):
     return out
 
 
-@pytest.mark.parametrize("num_stages,name", LAUNCHED)
-def test_pipeline_logprobs_and_gradients_match_hf(launches, models, num_stages, name):
-    model = models[name][1]
-    results = stage_results(launches, num_stages, name)
+@pytest.mark.parametrize("num_stages,case", LAUNCHED)
+def test_pipeline_logprobs_and_gradients_match_hf(launches, models, num_stages, case):
+    model = models[CASES[case][0]][1]
+    results = stage_results(launches, num_stages, case)
     for key in ("eval_before", "eval_after"):
         logp, entropy = results[-1][key]
         with torch.no_grad():
@@ -214,7 +218,7 @@ def test_pipeline_logprobs_and_gradients_match_hf(launches, models, num_stages, 
     assert all(res["loss"].item() == pytest.approx(ref_loss, abs=TOL) for res in results)
 
 
-@pytest.mark.parametrize("num_stages,name", LAUNCHED)
+@pytest.mark.parametrize("num_stages,name", [(n, case) for n, case in LAUNCHED if case in FAMILIES])
 def test_export_is_the_checkpoint_and_loads_with_hf_logits(launches, models, num_stages, name, tmp_path):
     """The stages' exports merge into the saved checkpoint's tensors under its names (experts one tensor
     each, as transformers saves them), which from_pretrained loads with the model's logits."""
@@ -346,3 +350,38 @@ def test_a_family_vllm_cannot_serve_points_to_the_hf_engine(tmp_path):
         assert any("vLLM cannot serve llama_novllm" in why for _, why in usable)
     finally:
         del families.MODEL_FAMILIES["llama_novllm"]
+
+
+def test_the_hf_engine_takes_experts_under_the_checkpoint_names():
+    """The weight sync sends a mixture of experts' weights one tensor per expert (the checkpoint's and
+    vLLM's names); the HF engine writes them into its fused parameters."""
+    from rlft.engines.hf_engine import HFEngine
+    from rlft.models.families import checkpoint_tensors
+    from tiny_models import build_tiny_tokenizer
+
+    _, start = family_model("qwen3_moe", seed=5)
+    _, synced = family_model("qwen3_moe", seed=6)
+    engine = HFEngine(start, dtype="float32", tokenizer=build_tiny_tokenizer())
+    sent = {key: t for name, p in synced.named_parameters() for key, t in checkpoint_tensors(synced.config, name, p)}
+    assert "model.layers.0.mlp.experts.3.up_proj.weight" in sent and "model.layers.0.mlp.experts.gate_up_proj" not in sent
+    engine.update_weights(sent.items())
+    for name, p in synced.named_parameters():
+        assert torch.equal(dict(engine.model.named_parameters())[name], p), name
+
+
+def test_vllm_on_cpu_is_refused_for_a_family_whose_sync_it_does_not_apply(tmp_path):
+    """qwen3_moe's record says vLLM's CPU build keeps its starting experts after a sync
+    (tests/test_model_families_vllm.py): auto passes vLLM over on CPU, and naming it is refused with
+    the engine that works; on a GPU the record does not object."""
+    from rlft.config import build_config
+    from rlft.engines import EngineSettingError
+    from rlft.engines.vllm_backend import VLLM, _refused_model
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe"}))
+    assert _refused_model(str(tmp_path), "cuda") is None
+    why = _refused_model(str(tmp_path), "cpu")
+    assert why.startswith("vLLM on CPU keeps qwen3_moe's starting weights in use") and why.endswith("set sampling.backend=hf")
+    if importlib.util.find_spec("vllm") is not None:
+        assert VLLM.usable(str(tmp_path), "cpu") == (False, why)
+    with pytest.raises(EngineSettingError, match="^sampling.backend: vLLM on CPU keeps qwen3_moe"):
+        VLLM.check(build_config({}), str(tmp_path), "float32", "cpu")

@@ -77,8 +77,9 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def _refused_model(model_path: str) -> str | None:
-    """Why vLLM cannot serve the model in directory ``model_path`` (its family's record), or None."""
+def _refused_model(model_path: str, device_type: str) -> str | None:
+    """Why vLLM cannot serve the model in directory ``model_path`` on ``device_type`` (its family's
+    record), or None."""
     from rlft.models.families import UnsupportedFamily, family_of, read_config_json
 
     config = read_config_json(model_path) if os.path.isdir(model_path) else None
@@ -89,7 +90,10 @@ def _refused_model(model_path: str) -> str | None:
     except UnsupportedFamily:
         return None  # the pipeline refuses it first
     why = VLLM.refuses_family(family)
-    able = [b.name for b in BACKENDS.values() if not b.refuses_family(family)]
+    if why is None and device_type == "cpu" and not family.vllm_cpu_sync:
+        why = (f"vLLM on CPU keeps {family.model_type}'s starting weights in use after an in-place weight sync "
+               f"(greedy tokens unlike the synced weights', tests/test_model_families_vllm.py)")
+    able = [b.name for b in BACKENDS.values() if b is not VLLM and not b.refuses_family(family)]
     return f"{why}; set sampling.backend={' or '.join(able)}" if why else None
 
 
@@ -145,7 +149,7 @@ class VLLMBackend(Backend):
             check_vllm()
         except EngineUnavailable as err:
             return False, str(err)
-        refused = _refused_model(model_path)
+        refused = _refused_model(model_path, device)
         if refused:
             return False, refused
         on_cpu = device == "cpu"
@@ -194,7 +198,7 @@ class VLLMBackend(Backend):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
     def check(self, cfg: Any, model_path: str, dtype: str, device_type: str) -> None:
-        refused = _refused_model(model_path)
+        refused = _refused_model(model_path, device_type)
         if refused:
             raise EngineSettingError(f"sampling.backend: {refused}")
         if device_type == "cpu":

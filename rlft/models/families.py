@@ -72,6 +72,7 @@ class ModelFamily:
     lora_targets: tuple[str, ...] = ATTENTION_MLP  # the decoder layers' linear projections
     expert_weights: tuple[ExpertWeights, ...] = ()
     vllm: bool = True  # vLLM serves it, its load_weights taking the checkpoint's names
+    vllm_cpu_sync: bool = True  # vLLM's CPU build computes with the weights an in-place sync loads
     refused_when: tuple[tuple[str, str], ...] = ()  # (config attribute, why) refused where it is true
 
     def module_name(self) -> str:
@@ -136,7 +137,8 @@ for _record in (
     ModelFamily("qwen3_moe", lora_targets=ATTENTION,  # experts are 3D parameters, not linear layers
                 expert_weights=(ExpertWeights("mlp.experts.gate_up_proj",
                                               ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight")),
-                                ExpertWeights("mlp.experts.down_proj", ("mlp.experts.{e}.down_proj.weight",)))),
+                                ExpertWeights("mlp.experts.down_proj", ("mlp.experts.{e}.down_proj.weight",))),
+                vllm_cpu_sync=False),
 ):
     register_model_family(_record)
 
@@ -172,6 +174,39 @@ def family_of(config: Any) -> ModelFamily:
         why = _missing(config if isinstance(config, Mapping) else config.to_dict())
     raise UnsupportedFamily(f"model_type {model_type!r} cannot be split by the policy pipeline: {why}; "
                             f"families it splits: {', '.join(MODEL_FAMILIES)}")
+
+
+def _expert_rule(config: Any, name: str) -> tuple[str, ExpertWeights] | None:
+    """``(layer prefix, rule)`` where ``name`` is a fused expert parameter of the config's family."""
+    record = MODEL_FAMILIES.get(_get(config, "model_type"))
+    for rule in record.expert_weights if record is not None else ():
+        if name.endswith("." + rule.fused):
+            return name[:-len(rule.fused)], rule
+    return None
+
+
+def checkpoint_tensors(config: Any, name: str, tensor: Any):
+    """A model parameter (or its shape-carrying stand-in) under the checkpoint's names: itself, or a
+    fused expert parameter ``[E, …]`` as one view per expert and part
+    (``….experts.{e}.gate_proj.weight``, ``….experts.{e}.up_proj.weight``).  Yields ``(name, tensor)``."""
+    found = _expert_rule(config, name)
+    if found is None:
+        yield name, tensor
+        return
+    prefix, rule = found
+    for e in range(tensor.shape[0]):
+        for part, piece in zip(rule.parts, tensor[e].chunk(len(rule.parts), dim=0)):
+            yield prefix + part.format(e=e), piece
+
+
+def checkpoint_parts(config: Any, name: str, experts: int) -> list[list[str]] | None:
+    """The checkpoint's names that make up a fused expert parameter, one row per expert (concatenated
+    within a row, stacked over rows), or None for any other parameter."""
+    found = _expert_rule(config, name)
+    if found is None:
+        return None
+    prefix, rule = found
+    return [[prefix + part.format(e=e) for part in rule.parts] for e in range(experts)]
 
 
 def lora_target_names() -> tuple[str, ...]:

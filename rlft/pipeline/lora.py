@@ -32,7 +32,8 @@ import torch.nn as nn
 
 from rlft.pipeline.module import PolicyPipeline
 from rlft.pipeline.stages import DecoderLayerPipe, EmbeddingPipe
-from rlft.pipeline.weights import _stage_layers, checkpoint_tensors
+from rlft.models.families import checkpoint_tensors
+from rlft.pipeline.weights import _stage_layers
 
 ADAPTER = "default"  # peft's adapter name; the one adapter of the policy
 PEFT_PREFIX = "base_model.model."  # what peft puts before an HF name in a saved adapter

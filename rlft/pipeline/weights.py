@@ -19,7 +19,7 @@ import torch.nn as nn
 from deepspeed.pipe import TiedLayerSpec
 from safetensors import safe_open
 
-from rlft.models.families import ExpertWeights, family_of
+from rlft.models.families import checkpoint_parts, checkpoint_tensors
 from rlft.pipeline.module import PolicyPipeline
 from rlft.pipeline.stages import is_tied
 
@@ -97,35 +97,10 @@ class _WeightSource:
         return self._files[file].get_tensor(name)
 
 
-def _expert_rule(config, name: str) -> tuple[str, ExpertWeights] | None:
-    """``(layer prefix, rule)`` where ``name`` is a fused expert parameter of the config's family."""
-    for rule in family_of(config).expert_weights:
-        if name.endswith("." + rule.fused):
-            return name[:-len(rule.fused)], rule
-    return None
-
-
-def checkpoint_tensors(config, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-    """A parameter under the checkpoint's names: itself, or a fused expert parameter ``[E, …]`` as
-    one view per expert and part (``….experts.{e}.gate_proj.weight``, ``….experts.{e}.up_proj.weight``)."""
-    found = _expert_rule(config, name)
-    if found is None:
-        yield name, tensor
-        return
-    prefix, rule = found
-    for e in range(tensor.shape[0]):
-        for part, piece in zip(rule.parts, tensor[e].chunk(len(rule.parts), dim=0)):
-            yield prefix + part.format(e=e), piece
-
-
 def _gather_experts(config, source: "_WeightSource", name: str, experts: int) -> torch.Tensor | None:
     """A fused expert parameter from a checkpoint's per-expert tensors, or None where any is missing."""
-    found = _expert_rule(config, name)
-    if found is None:
-        return None
-    prefix, rule = found
-    names = [[prefix + part.format(e=e) for part in rule.parts] for e in range(experts)]
-    if not all(n in source for row in names for n in row):
+    names = checkpoint_parts(config, name, experts)
+    if names is None or not all(n in source for row in names for n in row):
         return None
     return torch.stack([torch.cat([source.get(n) for n in row], dim=0) for row in names])
 
