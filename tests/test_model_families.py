@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3Config, Gemma3TextConfig, GemmaConfig,
-                          GraniteConfig, MistralConfig, Olmo2Config, Phi3Config, Qwen3Config, Qwen3MoeConfig)
+                          GraniteConfig, MistralConfig, MixtralConfig, Olmo2Config, Phi3Config, Qwen3Config, Qwen3MoeConfig)
 
 from launching import REPO, run_pipeline_checks, stage_results
 from rlft.models import families
@@ -44,6 +44,8 @@ FAMILIES = {  # name -> (config factory, attention)
                                       residual_multiplier=0.5, attention_multiplier=0.3), "sdpa"),
     "olmo2": (lambda: Olmo2Config(**TINY, num_hidden_layers=LAYERS), "eager"),
     "phi3": (lambda: Phi3Config(**TINY, num_hidden_layers=LAYERS), "sdpa"),
+    "mixtral": (lambda: MixtralConfig(**TINY, num_hidden_layers=LAYERS, head_dim=16, num_local_experts=4,
+                                      num_experts_per_tok=2), "sdpa"),
     "qwen3_moe": (lambda: Qwen3MoeConfig(**TINY, num_hidden_layers=LAYERS, head_dim=16, num_experts=4,
                                          num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True), "sdpa"),
 }
@@ -257,6 +259,7 @@ def test_lora_on_the_family_projections_matches_peft(launches, models, num_stage
     for key, grad in ref_grads.items():
         assert (grads[key] - grad).abs().max() <= TOL, key
     assert all(not res["frozen_with_grad"] for res in results)
+    assert all(res["loss"].item() == pytest.approx(ref_loss, abs=TOL) for res in results)
     # the merged export, under the checkpoint's names, loads as the peft model
     save_file({k: v.contiguous() for k, v in merged(results, "export").items()}, str(tmp_path / "model.safetensors"))
     base.config.save_pretrained(tmp_path)

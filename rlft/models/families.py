@@ -14,7 +14,8 @@ records say how each family departs from Llama's plain form:
 * whether the head is the embedding (the config's ``tie_word_embeddings``);
 * weight names: the stage's parameters take the HF model's names (``model.layers.{i}.…``); a checkpoint
   (and vLLM's ``load_weights``) holds mixture-of-experts weights one tensor per expert, which the
-  model fuses into one ``[experts, …]`` parameter (:class:`ExpertWeights`);
+  model fuses into one ``[experts, …]`` parameter (:class:`ExpertWeights`), and may name a module
+  otherwise (Mixtral's ``block_sparse_moe``: ``checkpoint_renames``);
 * the linear projections LoRA may adapt (``model.lora.target_modules``);
 * whether vLLM serves it (else ``sampling.backend=hf``).
 
@@ -71,6 +72,7 @@ class ModelFamily:
     attention_softcap: str | None = None  # config attribute: soft-capped attention logits (eager only)
     lora_targets: tuple[str, ...] = ATTENTION_MLP  # the decoder layers' linear projections
     expert_weights: tuple[ExpertWeights, ...] = ()
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()  # (the model's name part, the checkpoint's)
     vllm: bool = True  # vLLM serves it, its load_weights taking the checkpoint's names
     vllm_cpu_sync: bool = True  # vLLM's CPU build computes with the weights an in-place sync loads
     refused_when: tuple[tuple[str, str], ...] = ()  # (config attribute, why) refused where it is true
@@ -139,6 +141,11 @@ for _record in (
                                               ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight")),
                                 ExpertWeights("mlp.experts.down_proj", ("mlp.experts.{e}.down_proj.weight",))),
                 vllm_cpu_sync=False),
+    ModelFamily("mixtral", lora_targets=ATTENTION, checkpoint_renames=((".mlp.", ".block_sparse_moe."),),
+                expert_weights=(ExpertWeights("mlp.experts.gate_up_proj", ("block_sparse_moe.experts.{e}.w1.weight",
+                                                                           "block_sparse_moe.experts.{e}.w3.weight")),
+                                ExpertWeights("mlp.experts.down_proj", ("block_sparse_moe.experts.{e}.w2.weight",))),
+                vllm_cpu_sync=False),  # as qwen3_moe's experts (not tried on CPU)
 ):
     register_model_family(_record)
 
@@ -191,12 +198,20 @@ def checkpoint_tensors(config: Any, name: str, tensor: Any):
     (``….experts.{e}.gate_proj.weight``, ``….experts.{e}.up_proj.weight``).  Yields ``(name, tensor)``."""
     found = _expert_rule(config, name)
     if found is None:
-        yield name, tensor
+        yield renamed(config, name), tensor
         return
     prefix, rule = found
     for e in range(tensor.shape[0]):
         for part, piece in zip(rule.parts, tensor[e].chunk(len(rule.parts), dim=0)):
             yield prefix + part.format(e=e), piece
+
+
+def renamed(config: Any, name: str) -> str:
+    """A model parameter's name in the checkpoint (Mixtral's ``.mlp.`` is ``.block_sparse_moe.`` there)."""
+    record = MODEL_FAMILIES.get(_get(config, "model_type"))
+    for model_part, checkpoint_part in record.checkpoint_renames if record is not None else ():
+        name = name.replace(model_part, checkpoint_part)
+    return name
 
 
 def checkpoint_parts(config: Any, name: str, experts: int) -> list[list[str]] | None:

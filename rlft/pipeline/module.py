@@ -89,7 +89,7 @@ def build_policy_pipeline(hf_config, num_stages: int, loss_fn: Callable | None, 
 
     Args:
         hf_config: the config of a family with a record (:mod:`rlft.models.families`: llama, mistral,
-            qwen2, qwen3, gemma, gemma2, gemma3_text, granite, olmo2, phi3, qwen3_moe, a plugin's);
+            qwen2, qwen3, gemma, gemma2, gemma3_text, granite, olmo2, phi3, qwen3_moe, mixtral, a plugin's);
             ``_attn_implementation`` "eager" or "sdpa" (unset means "sdpa").
         num_stages: pipeline stages; must divide the world size (DeepSpeed) and leave every stage
             at least one decoder layer under the ``ceil(L/S)`` split.

@@ -19,7 +19,7 @@ import torch.nn as nn
 from deepspeed.pipe import TiedLayerSpec
 from safetensors import safe_open
 
-from rlft.models.families import checkpoint_parts, checkpoint_tensors
+from rlft.models.families import checkpoint_parts, checkpoint_tensors, renamed
 from rlft.pipeline.module import PolicyPipeline
 from rlft.pipeline.stages import is_tied
 
@@ -124,6 +124,8 @@ def load_hf_weights(module: PolicyPipeline,
         key = hf_name
         if key not in source and tied and hf_name == "model.embed_tokens.weight":
             key = "lm_head.weight"
+        if key not in source and renamed(config, key) in source:
+            key = renamed(config, key)
         tensor = source.get(key) if key in source else _gather_experts(config, source, key, param.shape[0])
         if tensor is None:
             missing.append(hf_name)
