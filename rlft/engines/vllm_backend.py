@@ -90,9 +90,9 @@ def _refused_model(model_path: str, device_type: str) -> str | None:
     except UnsupportedFamily:
         return None  # the pipeline refuses it first
     why = VLLM.refuses_family(family)
-    if why is None and device_type == "cpu" and not family.vllm_cpu_sync:
-        why = (f"vLLM on CPU keeps {family.model_type}'s starting weights in use after an in-place weight sync "
-               f"(greedy tokens unlike the synced weights', tests/test_model_families_vllm.py)")
+    if why is None and device_type == "cpu" and not family.vllm_cpu:
+        why = (f"vLLM's CPU build does not compute {family.model_type} models as HF does (greedy tokens "
+               f"unlike HF's, from the start or after a weight sync: tests/test_model_families_vllm.py)")
     able = [b.name for b in BACKENDS.values() if b is not VLLM and not b.refuses_family(family)]
     return f"{why}; set sampling.backend={' or '.join(able)}" if why else None
 

