@@ -220,8 +220,9 @@ def test_lora_settings_are_checked():
     # A name that matches nothing was left out without a word: q_proj alone was adapted.
     with pytest.raises(ConfigError) as e:
         build_config({"model": {"lora": {"enabled": True, "target_modules": ["q_proj", "v_prj"]}}})
-    assert str(e.value) == ("model.lora.target_modules: 'v_prj' names no linear layer of a decoder layer (llama, "
-                            "mistral, qwen2, qwen3 have q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)")
+    assert str(e.value) == ("model.lora.target_modules: 'v_prj' names no linear layer of a decoder layer (the "
+                            "families' projections: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, "
+                            "qkv_proj, gate_up_proj)")
 
 
 def test_one_gpu_memory_plan_counts_frozen_base_weights_and_adapters(tmp_path):

@@ -15,6 +15,7 @@
     inputs.py        the run's inputs at launch: data splits and files, the environment, model files, W&B
     hub_cache.py     whether a hub id is cached or to be had from the hub (standard library only)
     start_model.py   output.init_checkpoint: refused, with the SFT config that makes it, when missing
+    model_family.py  the starting model's family: one the pipeline splits, the engine serves, LoRA's targets
     launch_plan.py   python -m rlft.config.launch_plan: the deepspeed command a config asks for
     launchers.py     DeepSpeed's multi-node launchers: one record each, and the options it needs
     lr_schedules.py  the learning-rate schedules (optim.lr_schedule): one record each, its factor

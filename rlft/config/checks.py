@@ -35,6 +35,7 @@ from rlft.grpo import (
 )
 from rlft.config.distill_checks import check_distillation, distill_warnings
 from rlft.config.topology_checks import check_batch_split
+from rlft.config.model_family import check_lora_targets
 
 
 def _require(ok: bool, message: str) -> None:
@@ -149,6 +150,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_rollout_corrections(cfg.grpo, cfg.sampling)
     _check_sampling_section(cfg.sampling)
     _check_lora_sync(cfg)
+    check_lora_targets(cfg)
     _check_optim(cfg.optim, cfg.grpo)
     _check_schedule(cfg.schedule)
     _check_output_and_data(cfg)

@@ -21,6 +21,7 @@ from rlft.config import ConfigError, RunConfig
 from rlft.grpo import POLICY_LOSSES
 from rlft.config.hub_cache import cached_snapshot, check_hub_model
 from rlft.models.loading import DEFAULT_MODEL, ModelPathError, check_model_dir, default_model_gguf
+from rlft.config.model_family import check_model_family
 from rlft.config.start_model import check_init_checkpoint
 from rlft.config.distill_checks import check_same_tokenizer
 from rlft.config.learnable import check_answer_budget, check_prompt_asks_for_the_format, check_reward_fn
@@ -182,6 +183,7 @@ def preflight(cfg: RunConfig, module: str | None) -> None:
     elif looks_like_hub_id(cfg.model.path) and not Path(cfg.model.path).expanduser().exists():
         check_hub_model(cfg.model.path, "model.path")
     check_chat_template(cfg)
+    check_model_family(cfg, local_model_dir(cfg.output.init_checkpoint or cfg.model.path))
     if module == "rlft.train_grpo":
         check_grpo_can_learn(cfg)
         check_teacher_model(cfg)

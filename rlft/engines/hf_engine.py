@@ -33,6 +33,7 @@ from transformers import (
 )
 
 from rlft.common import torch_dtype
+from rlft.models.families import checkpoint_tensors
 from rlft.engines.base import Completion, RolloutEngine, SamplingSpec, weights_checksum_of
 
 logger = logging.getLogger(__name__)
@@ -259,7 +260,11 @@ class HFEngine(RolloutEngine):
         self.model.generation_config = GenerationConfig()
 
         # remove_duplicate=False keeps "lm_head.weight" addressable when it is tied.
-        self._params = dict(self.model.named_parameters(remove_duplicate=False))
+        # The model's names, and the checkpoint's where they differ (a mixture of experts' weights one
+        # per expert, as the policy's stages send them): views into the fused parameters.
+        with torch.no_grad():
+            self._params = {key: view for name, p in self.model.named_parameters(remove_duplicate=False)
+                            for key, view in [(name, p), *checkpoint_tensors(self.model.config, name, p)]}
 
     # ------------------------------------------------------------------ generate
     def generate(self, prompt_token_ids: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:

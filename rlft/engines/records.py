@@ -119,6 +119,11 @@ class Backend:
         """``(True, "")`` where ``auto`` may pick it for this model and device type, else ``(False, why)``."""
         return True, ""
 
+    def refuses_family(self, family: Any) -> str | None:
+        """Why the engine cannot serve models of ``family`` (a :class:`rlft.models.families.ModelFamily`),
+        or None where it can."""
+        return None
+
     def check_settings(self, sampling: Any) -> None:
         """The ranges of its own settings (``sampling.<name>``, of its ``settings`` type) in the config's
         ``sampling`` section, checked when the config is loaded, whichever engine the run names; raises

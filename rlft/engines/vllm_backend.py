@@ -17,7 +17,7 @@ from typing import Any
 
 from rlft.batching.round_size import most_sequences_per_round
 from rlft.engines.base import EngineSettingError, EngineUnavailable
-from rlft.engines.records import ENGINE_OVERHEAD_BYTES, Backend, GpuBudget, StepShape, register_backend
+from rlft.engines.records import BACKENDS, ENGINE_OVERHEAD_BYTES, Backend, GpuBudget, StepShape, register_backend
 
 # Oldest and first-unsupported vLLM versions. Relied on: LLM(worker_extension_cls=...),
 # LLM.collective_rpc, LLM.reset_prefix_cache, LLM.sleep / LLM.wake_up, TokensPrompt,
@@ -100,6 +100,26 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def _refused_model(model_path: str, device_type: str) -> str | None:
+    """Why vLLM cannot serve the model in directory ``model_path`` on ``device_type`` (its family's
+    record), or None."""
+    from rlft.models.families import UnsupportedFamily, family_of, read_config_json
+
+    config = read_config_json(model_path) if os.path.isdir(model_path) else None
+    if config is None:
+        return None
+    try:
+        family = family_of(config)
+    except UnsupportedFamily:
+        return None  # the pipeline refuses it first
+    why = VLLM.refuses_family(family)
+    if why is None and device_type == "cpu" and not family.vllm_cpu:
+        why = (f"vLLM's CPU build does not compute {family.model_type} models as HF does (greedy tokens "
+               f"unlike HF's, from the start or after a weight sync: tests/test_model_families_vllm.py)")
+    able = [b.name for b in BACKENDS.values() if b is not VLLM and not b.refuses_family(family)]
+    return f"{why}; set sampling.backend={' or '.join(able)}" if why else None
+
+
 def check_vllm() -> str:
     """Return the installed vLLM version, or raise :class:`EngineUnavailable` saying why not."""
     version = installed_vllm_version()
@@ -152,12 +172,18 @@ class VLLMBackend(Backend):
             check_vllm()
         except EngineUnavailable as err:
             return False, str(err)
+        refused = _refused_model(model_path, device)
+        if refused:
+            return False, refused
         on_cpu = device == "cpu"
         if on_cpu != vllm_is_cpu_build():
             return False, f"the installed vLLM does not target device {device!r}"
         if on_cpu:
             return vllm_cpu_supports(model_path)
         return True, ""
+
+    def refuses_family(self, family: Any) -> str | None:
+        return None if family.vllm else f"vLLM cannot serve {family.model_type} models (its record says so)"
 
     def check_settings(self, sampling: Any) -> None:
         v = sampling.vllm
@@ -195,6 +221,9 @@ class VLLMBackend(Backend):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
     def check(self, cfg: Any, model_path: str, dtype: str, device_type: str) -> None:
+        refused = _refused_model(model_path, device_type)
+        if refused:
+            raise EngineSettingError(f"sampling.backend: {refused}")
         if device_type == "cpu":
             check_cpu_kv_cache(cfg.sampling.vllm, model_path, dtype)
 

@@ -408,12 +408,17 @@ def _completion(output) -> Completion:
 
 
 def _hf_parameter_shapes(config) -> dict[str, tuple[int, ...]]:
-    """HF parameter names -> shapes, from a model built on the meta device (no memory)."""
+    """The checkpoint's parameter names -> shapes, from a model built on the meta device (no memory):
+    the HF model's names, a mixture of experts' fused parameters one per expert and part, as
+    checkpoints and vLLM's ``load_weights`` name them (:func:`rlft.models.families.checkpoint_tensors`)."""
     from transformers import AutoModelForCausalLM
+
+    from rlft.models.families import checkpoint_tensors
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    return {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
+    return {key: tuple(t.shape) for name, p in model.named_parameters(remove_duplicate=False)
+            for key, t in checkpoint_tensors(config, name, p)}
 
 
 __all__ = [

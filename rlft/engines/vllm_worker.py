@@ -231,6 +231,25 @@ def weights_load_in_place(model: torch.nn.Module, device: torch.device, quantiza
                if _is_linear(module) and isinstance(getattr(module, "weight", None), torch.Tensor))
 
 
+def repack_embedding_heads(model: torch.nn.Module) -> int:
+    """Pack the output projection of every embedding module again from its current weight; returns how
+    many.  On CPU, vLLM computes logits through ``cpu_linear``, a function holding a packed copy of
+    the head's weight made when the weights were processed; a tied head is the embedding module,
+    which the layer-wise reload refills without packing it again, so the logits kept the starting
+    weights (greedy tokens unlike HF's on the synced weights, with equal checksums)."""
+    try:
+        from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    except ImportError:
+        return 0
+    count = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, UnquantizedEmbeddingMethod) and hasattr(module, "cpu_linear"):
+            method.process_weights_after_loading(module)
+            count += 1
+    return count
+
+
 def layers_without_own_weights(model: torch.nn.Module) -> set[str]:
     """Class names of the layers that hold no checkpoint weight of their own: no parameters (a
     rotary embedding's cos/sin cache is a buffer computed at start) or only parameters another
@@ -387,6 +406,7 @@ class WeightSyncExtension:
                 finalize_layerwise_reload(model, self.vllm_config.model_config)
             finally:
                 self._rlft_log_filter.partial = False
+            repack_embedding_heads(model)
         self._rlft_layerwise = False
         device = self._rlft_device()
         if device.type == "cuda":

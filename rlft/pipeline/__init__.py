@@ -20,9 +20,14 @@ stage's output is the tuple ``(logp, entropy)``, or ``(logp,)`` without entropy;
 ``loss_fn(outputs, labels)`` given to :func:`build_policy_pipeline` receives.
 
 Weights move in and out under HF names (``model.embed_tokens.weight``, ``model.layers.{i}.…``,
-``model.norm.weight``, ``lm_head.weight``): :func:`load_hf_weights` reads only the tensors a stage
+``model.norm.weight``, ``lm_head.weight``; a mixture of experts' weights one tensor per expert, as
+checkpoints hold them): :func:`load_hf_weights` reads only the tensors a stage
 needs, :func:`export_hf_state_dict` gives a stage's parameters under those names, so that the stages'
 exports merge into a state dict ``from_pretrained`` accepts, or stream into a sampler.
+
+What differs between decoder families (Gemma's scaled embeddings, Gemma 3's local and global rotary
+tables, Granite's and Gemma 2's transformed logits, experts' weight names) comes from the family's
+record, :mod:`rlft.models.families`; the decoder layers are HF's own.
 
 Modules:
 

@@ -32,6 +32,7 @@ import torch.nn as nn
 
 from rlft.pipeline.module import PolicyPipeline
 from rlft.pipeline.stages import DecoderLayerPipe, EmbeddingPipe
+from rlft.models.families import checkpoint_tensors
 from rlft.pipeline.weights import _stage_layers
 
 ADAPTER = "default"  # peft's adapter name; the one adapter of the policy
@@ -161,7 +162,7 @@ def merged_hf_state_dict(module: PolicyPipeline, *, only_adapted: bool = False) 
             name = _base_name(local_name)
             if only_adapted and name.rpartition(".")[0] not in sent:
                 continue
-            out[layer.hf_name(name)] = merged.get(name, param.detach())
+            out.update(checkpoint_tensors(module.hf_config, layer.hf_name(name), merged.get(name, param.detach())))
     return out
 
 

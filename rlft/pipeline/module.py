@@ -88,8 +88,9 @@ def build_policy_pipeline(hf_config, num_stages: int, loss_fn: Callable | None, 
     """Split an HF causal LM config into a :class:`PolicyPipeline` (needs torch.distributed up).
 
     Args:
-        hf_config: a Llama/Mistral/Qwen2/Qwen3 config; ``_attn_implementation`` "eager" or "sdpa"
-            (unset means "sdpa").
+        hf_config: the config of a family with a record (:mod:`rlft.models.families`: llama, mistral,
+            qwen2, qwen3, gemma, gemma2, gemma3_text, granite, olmo2, phi3, qwen3_moe, mixtral, a plugin's);
+            ``_attn_implementation`` "eager" or "sdpa" (unset means "sdpa").
         num_stages: pipeline stages; must divide the world size (DeepSpeed) and leave every stage
             at least one decoder layer under the ``ceil(L/S)`` split.
         loss_fn: ``loss_fn(outputs, labels) -> scalar`` on the last stage, where ``outputs`` is

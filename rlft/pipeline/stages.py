@@ -1,7 +1,10 @@
 """The policy's stages: the ``ceil(L/S)`` partition and the HF model pieces each stage runs.
 
 Only tensors travel between stages (``(hidden, attention_mask, input_ids)``); each stage rebuilds
-position ids, RoPE tables and the 4D mask from the attention mask (:class:`StageContext`).
+position ids, RoPE tables and the 4D mask from the attention mask (:class:`StageContext`).  What
+differs between decoder families (scaled embeddings, rotary tables per layer type, the final norm,
+transformed logits) comes from the family's record (:mod:`rlft.models.families`); the decoder layers
+are HF's own.
 """
 
 from __future__ import annotations
@@ -16,11 +19,11 @@ import torch
 import torch.nn as nn
 from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
+from rlft.models.families import MODEL_FAMILIES, family_of
 from rlft.pipeline.token_logprobs import next_token_logprobs
 
-# Families whose causal LM is exactly embed -> decoder layers -> RMSNorm -> lm_head, with RoPE
-# computed from position ids; others (e.g. Gemma's scaled embeddings) would silently diverge.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# The families rlft itself records (a plugin's register later: MODEL_FAMILIES holds them all).
+SUPPORTED_MODEL_TYPES = tuple(MODEL_FAMILIES)
 SUPPORTED_ATTENTION = ("eager", "sdpa")
 TIED_EMBEDDING_KEY = "embed_tokens"
 
@@ -80,25 +83,28 @@ def spec_boundaries(num_layers: int, num_stages: int) -> list[int]:
 
 
 def prepare_config(hf_config):
-    """A private copy of the config with the attention implementation resolved and checked."""
-    model_type = getattr(hf_config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"model_type {model_type!r} is not supported by the policy pipeline; "
-                         f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    """A private copy of the config with the attention implementation resolved and checked; raises
+    ``ValueError`` (:class:`rlft.models.families.UnsupportedFamily`) for a family it cannot split."""
+    family = family_of(hf_config)
     config = copy.deepcopy(hf_config)
     impl = getattr(config, "_attn_implementation", None) or "sdpa"  # HF's own default
     if impl not in SUPPORTED_ATTENTION:
         raise ValueError(f"attention implementation {impl!r} is not supported by the policy pipeline "
                          f"(it passes a 4D attention mask); use one of {SUPPORTED_ATTENTION}")
+    if impl != "eager" and family.capped_attention(config):  # HF's SDPA path drops the cap without a word
+        raise ValueError(f"{family.model_type} soft-caps its attention logits ({family.attention_softcap}="
+                         f"{getattr(config, family.attention_softcap)}), which only eager attention applies: "
+                         f"set model.attn_implementation=eager")
     config._attn_implementation = impl
     return config
 
 
 def _hf_classes(config) -> tuple[type, type, type]:
-    """``(<Prefix>DecoderLayer, <Prefix>RMSNorm, <Prefix>RotaryEmbedding)`` of the config's family."""
-    modeling = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
-    prefix = type(config).__name__.removesuffix("Config")
-    names = [prefix + suffix for suffix in ("DecoderLayer", "RMSNorm", "RotaryEmbedding")]
+    """``(<Prefix>DecoderLayer, <Prefix><norm>, <Prefix>RotaryEmbedding)`` of the config's family."""
+    family = family_of(config)
+    modeling = importlib.import_module(family.module_name())
+    prefix = family.prefix(config)
+    names = [prefix + suffix for suffix in ("DecoderLayer", family.norm_class, "RotaryEmbedding")]
     missing = [n for n in names if not hasattr(modeling, n)]
     if missing:
         raise ValueError(f"{modeling.__name__} has no {', '.join(missing)}")
@@ -146,9 +152,13 @@ class EmbeddingPipe(nn.Module):
 
     def __init__(self, config):
         super().__init__()
+        family = family_of(config)
         # padding_idx as in the HF model: its row gets no gradient there either.
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         self.fused_logprobs = False  # as the tied output layer; set by compile_decoder_layers
+        self.scale = family.embedding_multiplier(config)
+        self.scale_in_dtype = family.embedding_scale_in_dtype
+        self.logit_transform = family.logit_transform(config)  # as the tied output layer
 
     @staticmethod
     def hf_name(local_name: str) -> str:
@@ -156,7 +166,11 @@ class EmbeddingPipe(nn.Module):
 
     def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]):
         input_ids, attention_mask = inputs
-        return self.embed_tokens(input_ids), attention_mask, input_ids
+        hidden = self.embed_tokens(input_ids)
+        if self.scale is not None:  # Gemma: sqrt(hidden_size) rounded to the model's dtype; Granite: a float
+            scale = torch.tensor(self.scale, device=hidden.device).to(hidden.dtype) if self.scale_in_dtype else self.scale
+            hidden = hidden * scale
+        return hidden, attention_mask, input_ids
 
 
 class StageContext:
@@ -174,6 +188,7 @@ class StageContext:
         # Outside any module tree, so that DeepSpeed's .bfloat16()/.half() leave RoPE's inverse
         # frequencies in fp32; it has no parameters and follows the hidden state's device.
         self.rotary = rotary_cls(config)
+        self.per_layer_type = family_of(config).rotary_per_layer_type  # Gemma 3: local and global tables
         self._source: torch.Tensor | None = None
         self._cache: dict = {}
 
@@ -188,13 +203,20 @@ class StageContext:
         """``[B,T]`` long."""
         return self._cached(attention_mask, "position_ids", lambda: position_ids_from_mask(attention_mask))
 
-    def rope(self, attention_mask: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)``, each ``[B,T,head_dim]`` in the hidden state's dtype."""
+    def rope(self, attention_mask: torch.Tensor, hidden: torch.Tensor,
+             layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)``, each ``[B,T,head_dim]`` in the hidden state's dtype; with tables per layer
+        type, those of ``layer_type``."""
         def make():
-            if self.rotary.inv_freq.device != hidden.device:
+            buffer = next(self.rotary.buffers(), None)
+            if buffer is not None and buffer.device != hidden.device:
                 self.rotary.to(hidden.device)
-            return self.rotary(hidden, self.position_ids(attention_mask))
-        return self._cached(attention_mask, ("rope", hidden.dtype, hidden.device), make)
+            positions = self.position_ids(attention_mask)
+            if self.per_layer_type:
+                return self.rotary(hidden, positions, layer_type)
+            return self.rotary(hidden, positions)
+        key = ("rope", hidden.dtype, hidden.device, layer_type if self.per_layer_type else None)
+        return self._cached(attention_mask, key, make)
 
     def mask(self, attention_mask: torch.Tensor, implementation: str, dtype: torch.dtype,
              sliding_window: int | None) -> torch.Tensor | None:
@@ -235,6 +257,8 @@ class DecoderLayerPipe(nn.Module):
         self.layer_idx = layer_idx
         self.attn_implementation = config._attn_implementation
         self.sliding_window = _sliding_window(config, layer_idx)
+        layer_types = getattr(config, "layer_types", None)
+        self.layer_type = layer_types[layer_idx] if layer_types else None
         self.layer = decoder_cls(config, layer_idx)
         self.context = context  # a plain object: not a submodule, no parameters
 
@@ -249,7 +273,7 @@ class DecoderLayerPipe(nn.Module):
                              attention_mask=ctx.mask(attention_mask, self.attn_implementation, hidden.dtype,
                                                      self.sliding_window),
                              position_ids=ctx.position_ids(attention_mask),
-                             position_embeddings=ctx.rope(attention_mask, hidden))
+                             position_embeddings=ctx.rope(attention_mask, hidden, self.layer_type))
         if isinstance(out, tuple):  # transformers < 4.54 returned (hidden, ...)
             out = out[0]
         return out, attention_mask, input_ids
@@ -271,7 +295,7 @@ def compile_decoder_layers(module: nn.Module) -> int:
 
 
 class FinalNormPipe(nn.Module):
-    """Last stage: the model's final RMSNorm on the hidden state."""
+    """Last stage: the model's final norm (its family's RMSNorm) on the hidden state."""
 
     def __init__(self, config):
         super().__init__()
@@ -295,6 +319,7 @@ class LMHeadPipe(nn.Module):
         self.compute_entropy = compute_entropy
         self.fused_logprobs = False  # set by compile_decoder_layers
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.logit_transform = family_of(config).logit_transform(config)  # Granite's scaling, Gemma 2's cap
 
     @staticmethod
     def hf_name(local_name: str) -> str:
@@ -303,14 +328,20 @@ class LMHeadPipe(nn.Module):
     def forward(self, inputs):
         hidden, _, input_ids = inputs
         return next_token_logprobs(hidden, self.lm_head.weight, input_ids, self.compute_entropy,
-                                   fused=self.fused_logprobs)
+                                   fused=self.fused_logprobs, logit_transform=self.logit_transform)
 
 
 def _tied_head_forward(embedding: EmbeddingPipe, inputs, compute_entropy: bool = True):
-    """Last stage, tied: the embedding matrix as output projection (``TiedLayerSpec.forward_fn``)."""
+    """Last stage, tied: the embedding matrix (unscaled) as output projection (``TiedLayerSpec.forward_fn``)."""
     hidden, _, input_ids = inputs
     return next_token_logprobs(hidden, embedding.embed_tokens.weight, input_ids, compute_entropy,
-                               fused=embedding.fused_logprobs)
+                               fused=embedding.fused_logprobs, logit_transform=embedding.logit_transform)
+
+
+def is_tied(config) -> bool:
+    """Whether the config's output projection is its embedding matrix (the family's record says where
+    the config tells)."""
+    return bool(getattr(config, family_of(config).tied_embeddings, False))
 
 
 def policy_layer_specs(hf_config, compute_entropy: bool = True) -> list[LayerSpec]:
@@ -321,7 +352,7 @@ def policy_layer_specs(hf_config, compute_entropy: bool = True) -> list[LayerSpe
     """
     config = prepare_config(hf_config)
     specs: list[LayerSpec] = []
-    tied = bool(getattr(config, "tie_word_embeddings", False))
+    tied = is_tied(config)
     if tied:
         specs.append(TiedLayerSpec(TIED_EMBEDDING_KEY, EmbeddingPipe, config,
                                    tied_weight_attr=["embed_tokens.weight"]))

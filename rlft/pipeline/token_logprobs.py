@@ -18,6 +18,10 @@ to write ``d logp / d logits`` in the model's dtype, where the eager chunk casts
 chunks' weight-gradient sums were a quarter of an SFT step's GPU time).  With no fp32 copy of a
 chunk's logits to hold, its chunks are four times larger in bf16 (``FUSED_CHUNK_BYTES``), and four
 times fewer ``[V, H]`` weight-gradient sums follow.
+
+A family whose logits are transformed before the softmax (``logit_transform=(divisor, softcap)``:
+Granite divides them by ``logits_scaling``, Gemma 2 caps them at ``cap * tanh(logits / cap)``) gets the
+transform on each chunk's logits in the model's dtype, as HF applies it, and its derivative in backward.
 """
 from __future__ import annotations
 
@@ -57,6 +61,31 @@ def _chunk_grad_logits(logits: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
     return ((hit.float() - p) * g[:, None]).to(logits.dtype)
 
 
+def transform_logits(logits: torch.Tensor, transform: tuple[float | None, float | None] | None) -> torch.Tensor:
+    """``logits / divisor``, then ``softcap * tanh(logits / softcap)``, each where set (HF's order and dtype)."""
+    if transform is None:
+        return logits
+    divisor, softcap = transform
+    if divisor is not None:
+        logits = logits / divisor
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
+
+
+def _untransform_grad(grad: torch.Tensor, transformed: torch.Tensor, transform) -> torch.Tensor:
+    """``d loss / d raw logits`` from ``d loss / d transformed logits`` (chain rule of :func:`transform_logits`)."""
+    if transform is None:
+        return grad
+    divisor, softcap = transform
+    scale = torch.ones_like(transformed, dtype=torch.float32)
+    if softcap is not None:
+        scale = 1.0 - (transformed.float() / softcap) ** 2  # tanh' = 1 - tanh^2
+    if divisor is not None:
+        scale = scale / divisor
+    return (grad.float() * scale).to(grad.dtype)
+
+
 _COMPILED: dict[str, object] = {}
 
 
@@ -71,8 +100,8 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
     """``(hidden [N, H], weight [V, H], targets [N])`` -> ``(logp [N], entropy [N])``, fp32."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk: int, with_entropy: bool, fused: bool = False):
-        ctx.chunk, ctx.fused = chunk, fused
+    def forward(ctx, hidden, weight, targets, chunk: int, with_entropy: bool, fused: bool = False, transform=None):
+        ctx.chunk, ctx.fused, ctx.transform = chunk, fused, transform
         stats = _compiled(_chunk_stats) if fused else _chunk_stats
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -81,7 +110,8 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         for start in range(0, n, chunk):
             rows = slice(start, min(start + chunk, n))
             # the product in the model's dtype, its reductions in fp32
-            logp[rows], lse[rows], chunk_entropy = stats(hidden[rows] @ weight.t(), targets[rows], with_entropy)
+            logits = transform_logits(hidden[rows] @ weight.t(), transform)
+            logp[rows], lse[rows], chunk_entropy = stats(logits, targets[rows], with_entropy)
             if with_entropy:
                 entropy[rows] = chunk_entropy
         ctx.save_for_backward(hidden, weight, targets, lse)
@@ -99,13 +129,15 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk):
             rows = slice(start, min(start + chunk, hidden.shape[0]))
             g = grad_logp[rows].float()
+            logits = transform_logits(hidden[rows] @ weight.t(), ctx.transform)
             if grad_of is not None:
-                grad_logits = grad_of(hidden[rows] @ weight.t(), lse[rows], g, targets[rows])
+                grad_logits = grad_of(logits, lse[rows], g, targets[rows])
             else:
-                probs = torch.exp((hidden[rows] @ weight.t()).float() - lse[rows, None])
+                probs = torch.exp(logits.float() - lse[rows, None])
                 grad_logits = probs.mul_(-g[:, None])  # d logp_t / d logits = onehot(t) - softmax
                 grad_logits.scatter_add_(-1, targets[rows, None], g[:, None])
                 grad_logits = grad_logits.to(hidden.dtype)
+            grad_logits = _untransform_grad(grad_logits, logits, ctx.transform)
             if grad_hidden is not None:
                 grad_hidden[rows] = grad_logits @ weight
             if grad_weight is not None:  # each chunk's product summed in fp32
@@ -113,12 +145,14 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                     grad_weight.addmm_(grad_logits.t(), hidden[rows])
                 else:  # the product in the model dtype (as the plain way rounds it), then summed
                     grad_weight.add_(grad_logits.t() @ hidden[rows])
-        return grad_hidden, (None if grad_weight is None else grad_weight.to(weight.dtype)), None, None, None, None
+        return (grad_hidden, (None if grad_weight is None else grad_weight.to(weight.dtype)),
+                None, None, None, None, None)
 
 
-def plain_next_token_logprobs(hidden, weight, input_ids, compute_entropy: bool) -> tuple[torch.Tensor, ...]:
+def plain_next_token_logprobs(hidden, weight, input_ids, compute_entropy: bool,
+                              logit_transform=None) -> tuple[torch.Tensor, ...]:
     """The whole vocabulary at once: ``log_softmax`` over ``[B,T-1,V]`` in fp32, then a gather."""
-    logits = F.linear(hidden[:, :-1], weight)  # [B,T-1,V] in the model dtype; never kept
+    logits = transform_logits(F.linear(hidden[:, :-1], weight), logit_transform)  # model dtype; never kept
     # log_softmax upcasts internally and is the only fp32 [B,T-1,V] tensor autograd keeps.
     logp_all = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
     del logits
@@ -133,7 +167,7 @@ def plain_next_token_logprobs(hidden, weight, input_ids, compute_entropy: bool) 
 
 def next_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor,
                         compute_entropy: bool, chunk_tokens: int | None = None,
-                        fused: bool = False) -> tuple[torch.Tensor, ...]:
+                        fused: bool = False, logit_transform=None) -> tuple[torch.Tensor, ...]:
     """Log-probs of the observed next tokens, and optionally the entropy, from final hidden states.
 
     Args:
@@ -144,15 +178,19 @@ def next_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, input_ids: t
             ``PLAIN_MAX_ELEMENTS`` logits, chunks of 256 MiB of fp32 logits beyond (fused: 512 MiB
             of logits in the model's dtype).
         fused: each chunk's element-wise work compiled (see the module's docstring).
+        logit_transform: ``(divisor, softcap)`` applied to the logits, each None where unset (the
+            model family's, :meth:`rlft.models.families.ModelFamily.logit_transform`); None: none.
     Returns:
         ``(logp,)`` or ``(logp, entropy)``, each ``[B,T-1]`` fp32; entropy is detached.
     """
     b, t, h = hidden.shape
+    if logit_transform is not None and tuple(logit_transform) == (None, None):
+        logit_transform = None
     if chunk_tokens is None and b * (t - 1) * weight.shape[0] <= PLAIN_MAX_ELEMENTS:
-        return plain_next_token_logprobs(hidden, weight, input_ids, compute_entropy)
+        return plain_next_token_logprobs(hidden, weight, input_ids, compute_entropy, logit_transform)
     chunk = chunk_tokens or default_chunk_tokens(weight.shape[0], fused, weight.element_size())
     flat = hidden[:, :-1].reshape(b * (t - 1), h)
     targets = input_ids[:, 1:].reshape(-1)
-    logp, entropy = _ChunkedTokenLogprobs.apply(flat, weight, targets, chunk, compute_entropy, fused)
+    logp, entropy = _ChunkedTokenLogprobs.apply(flat, weight, targets, chunk, compute_entropy, fused, logit_transform)
     logp = logp.view(b, t - 1)
     return (logp, entropy.view(b, t - 1)) if compute_entropy else (logp,)

@@ -1,4 +1,11 @@
-"""Weights in and out of a pipeline stage under HF names (``model.layers.{i}.…``, ``lm_head.weight``)."""
+"""Weights in and out of a pipeline stage under HF names (``model.layers.{i}.…``, ``lm_head.weight``).
+
+Inside the stages parameters take the HF model's names; in and out they take the checkpoint's, which
+are the same but for a mixture of experts' weights: the model fuses them into one ``[experts, …]``
+parameter, a checkpoint (and vLLM's ``load_weights``) holds one tensor per expert and projection
+(:class:`rlft.models.families.ExpertWeights`), so they are split on the way out and gathered on the
+way in.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +19,9 @@ import torch.nn as nn
 from deepspeed.pipe import TiedLayerSpec
 from safetensors import safe_open
 
+from rlft.models.families import checkpoint_parts, checkpoint_tensors, renamed
 from rlft.pipeline.module import PolicyPipeline
+from rlft.pipeline.stages import is_tied
 
 
 def _stage_layers(module: PolicyPipeline) -> Iterator[tuple[nn.Module, bool]]:
@@ -88,6 +97,14 @@ class _WeightSource:
         return self._files[file].get_tensor(name)
 
 
+def _gather_experts(config, source: "_WeightSource", name: str, experts: int) -> torch.Tensor | None:
+    """A fused expert parameter from a checkpoint's per-expert tensors, or None where any is missing."""
+    names = checkpoint_parts(config, name, experts)
+    if names is None or not all(n in source for row in names for n in row):
+        return None
+    return torch.stack([torch.cat([source.get(n) for n in row], dim=0) for row in names])
+
+
 @torch.no_grad()
 def load_hf_weights(module: PolicyPipeline,
                     hf_state_dict_or_path: Mapping[str, torch.Tensor] | str | os.PathLike) -> None:
@@ -95,20 +112,24 @@ def load_hf_weights(module: PolicyPipeline,
 
     Only the tensors this stage holds are read. Strict: raises ``KeyError`` naming every parameter of
     this stage that the source lacks, ``ValueError`` on a shape mismatch. For tied embeddings a source
-    holding only ``lm_head.weight`` serves ``model.embed_tokens.weight`` as well.
+    holding only ``lm_head.weight`` serves ``model.embed_tokens.weight`` as well.  Experts' weights are
+    read fused (the HF model's state dict) or per expert (a checkpoint).
     Call it before ``deepspeed.initialize``: optimizers with master weights copy them there.
     """
     source = _WeightSource(hf_state_dict_or_path)
-    tied = bool(getattr(module.hf_config, "tie_word_embeddings", False))
+    config = module.hf_config
+    tied = is_tied(config)
     missing = []
     for hf_name, param in hf_named_parameters(module, include_tied_replicas=True):
         key = hf_name
         if key not in source and tied and hf_name == "model.embed_tokens.weight":
             key = "lm_head.weight"
-        if key not in source:
+        if key not in source and renamed(config, key) in source:
+            key = renamed(config, key)
+        tensor = source.get(key) if key in source else _gather_experts(config, source, key, param.shape[0])
+        if tensor is None:
             missing.append(hf_name)
             continue
-        tensor = source.get(key)
         if tuple(tensor.shape) != tuple(param.shape):
             raise ValueError(f"{key}: checkpoint shape {tuple(tensor.shape)} != stage parameter shape "
                              f"{tuple(param.shape)}")
@@ -119,7 +140,8 @@ def load_hf_weights(module: PolicyPipeline,
 
 
 def export_hf_state_dict(module: PolicyPipeline) -> dict[str, torch.Tensor]:
-    """This stage's parameters under HF names (detached views of the live weights; clone to keep).
+    """This stage's parameters under the checkpoint's HF names (detached views of the live weights;
+    clone to keep; experts one tensor each, :func:`checkpoint_tensors`).
 
     A tied embedding is exported once, by the first stage, as ``model.embed_tokens.weight``;
     ``lm_head.weight`` appears (on the last stage) only when untied. The stages' dicts are disjoint
@@ -128,4 +150,5 @@ def export_hf_state_dict(module: PolicyPipeline) -> dict[str, torch.Tensor]:
     """
     if getattr(module, "lora_config", None) is not None:
         raise ValueError("this stage holds LoRA adapters: export it with rlft.pipeline.lora.merged_hf_state_dict")
-    return {name: param.detach() for name, param in hf_named_parameters(module)}
+    return {key: tensor for name, param in hf_named_parameters(module)
+            for key, tensor in checkpoint_tensors(module.hf_config, name, param.detach())}
