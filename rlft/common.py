@@ -197,6 +197,18 @@ def import_object(spec: str, what: str, *, form: str = "package.module:function"
     return obj
 
 
+def add_record(registry: dict, record, kind: str):
+    """Add ``record`` to ``registry`` under its ``name``, the one way every registry of rlft takes a
+    record from outside it (a plugin's, a test's); ValueError naming the ``kind`` when the name is
+    empty or taken.  Returns the record."""
+    if not record.name:
+        raise ValueError(f"a {kind} needs a name")
+    if record.name in registry and registry[record.name] is not record:
+        raise ValueError(f"{kind} {record.name!r} is already registered")
+    registry[record.name] = record
+    return record
+
+
 def unique_json_pairs(pairs: list) -> dict:
     """``json.loads``'s ``object_pairs_hook`` refusing an object that holds a key twice (JSON keeps the
     last one, silently dropping the first): ValueError naming the key."""

@@ -4,6 +4,8 @@ policy's scheduler reads the chosen one's factor; a schedule from outside rlft i
 `register_lr_schedule(LRSchedule("name", factor))` in a module named in `plugins:`.  Torch-free."""
 from __future__ import annotations
 
+from rlft.common import add_record
+
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -26,7 +28,4 @@ LR_SCHEDULES: dict[str, LRSchedule] = {r.name: r for r in (
 
 
 def register_lr_schedule(record: LRSchedule) -> LRSchedule:
-    if record.name in LR_SCHEDULES:
-        raise ValueError(f"learning-rate schedule {record.name!r} is already registered")
-    LR_SCHEDULES[record.name] = record
-    return record
+    return add_record(LR_SCHEDULES, record, "learning-rate schedule")

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rlft.common import import_object
+from rlft.common import add_record, import_object
 
 EXTRA_ROLES = "extra_roles"  # the topology key that places the roles without a key of their own
 
@@ -128,8 +128,7 @@ def register_role(role: Role) -> Role:
         raise ValueError(f"role {role.name!r} is already registered")
     if not role.name.isidentifier() or role.name.startswith("_"):
         raise ValueError(f"role name {role.name!r}: must be a name like logger or value_model")
-    ROLES[role.name] = role
-    return role
+    return add_record(ROLES, role, "role")
 
 
 def placed_ranks(topology) -> list[int]:

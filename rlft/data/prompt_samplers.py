@@ -19,6 +19,8 @@ A new order is one record in :data:`PROMPT_SAMPLERS` (torch-free: the config che
 """
 from __future__ import annotations
 
+from rlft.common import add_record
+
 import random
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -275,12 +277,7 @@ PROMPT_SAMPLERS: dict[str, SamplerChoice] = {c.name: c for c in (
 def register_prompt_sampler(choice: SamplerChoice) -> SamplerChoice:
     """Add a prompt order that is not one of rlft's own (a plugin's, a test's): ``data.sampler`` then
     accepts its name.  ValueError when the name is taken."""
-    if choice.name in PROMPT_SAMPLERS:
-        raise ValueError(f"prompt sampler {choice.name!r} is already registered")
-    if not choice.name:
-        raise ValueError("a prompt sampler needs a name")
-    PROMPT_SAMPLERS[choice.name] = choice
-    return choice
+    return add_record(PROMPT_SAMPLERS, choice, "prompt sampler")
 
 
 def pass_rates(grades: list[dict], num_groups: int) -> list[float]:

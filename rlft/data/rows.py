@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rlft.common import import_object
+from rlft.common import add_record, import_object
 from rlft.data.examples import (
     SKIP_MISSING_FIELD,
     SKIP_NO_FINAL_ANSWER,
@@ -126,12 +126,7 @@ GOLD_KINDS: dict[str, GoldKind] = {k.name: k for k in (
 def register_gold_kind(kind: GoldKind) -> GoldKind:
     """Add a gold kind that is not one of rlft's own (a plugin's, a test's): ``data.fields.gold_kind``
     then accepts its name.  ValueError when the name is taken."""
-    if kind.name in GOLD_KINDS:
-        raise ValueError(f"gold kind {kind.name!r} is already registered")
-    if not kind.name:
-        raise ValueError("a gold kind needs a name")
-    GOLD_KINDS[kind.name] = kind
-    return kind
+    return add_record(GOLD_KINDS, kind, "gold kind")
 
 
 # --------------------------------------------------------------------------- adapters

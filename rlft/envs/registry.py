@@ -24,7 +24,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable
 
-from rlft.common import import_object
+from rlft.common import add_record, import_object
 from rlft.data.prompts import Prompt
 from rlft.envs.base import Environment, EpisodeStart, SingleTurnEnvironment
 from rlft.envs.calculator import CalculatorEnvironment
@@ -72,12 +72,9 @@ ENVIRONMENTS: dict[str, EnvironmentRecord] = {}
 
 def register_environment(record: EnvironmentRecord) -> EnvironmentRecord:
     """Add ``record`` to :data:`ENVIRONMENTS` (ValueError when the name is taken or has a ``:``)."""
-    if record.name in ENVIRONMENTS:
-        raise ValueError(f"environment {record.name!r} is already registered")
     if ":" in record.name:
         raise ValueError(f"environment name {record.name!r}: a ':' is reserved for module:Class")
-    ENVIRONMENTS[record.name] = record
-    return record
+    return add_record(ENVIRONMENTS, record, "environment")
 
 
 register_environment(EnvironmentRecord(

@@ -30,7 +30,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rlft.common import import_object
+from rlft.common import add_record, import_object
 from rlft.envs.tool_calls import ToolCall
 
 DEFAULT_TIME_LIMIT_S = 10.0  # a function tool's call, at most
@@ -213,10 +213,7 @@ TOOLS: dict[str, Tool] = {}
 
 def register_tool(tool: Tool) -> Tool:
     """Add ``tool`` to :data:`TOOLS` (ValueError when its name is taken)."""
-    if tool.name in TOOLS and TOOLS[tool.name] is not tool:
-        raise ValueError(f"tool {tool.name!r} is already registered")
-    TOOLS[tool.name] = tool
-    return tool
+    return add_record(TOOLS, tool, "tool")
 
 
 def resolve_tool(entry: Any) -> Tool:

@@ -19,6 +19,8 @@ the dataset's own solution format.  A new format is one :func:`register_answer_f
 """
 from __future__ import annotations
 
+from rlft.common import add_record
+
 import re
 from dataclasses import dataclass
 from typing import Callable
@@ -54,10 +56,7 @@ ANSWER_FORMATS: dict[str, AnswerFormat] = {}
 
 
 def register_answer_format(fmt: AnswerFormat) -> AnswerFormat:
-    if fmt.name in ANSWER_FORMATS:
-        raise ValueError(f"answer format {fmt.name!r} is already registered")
-    ANSWER_FORMATS[fmt.name] = fmt
-    return fmt
+    return add_record(ANSWER_FORMATS, fmt, "answer format")
 
 
 def shortest_answer(fmt: AnswerFormat) -> str:
