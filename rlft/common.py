@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import os
 import re
 import socket
 from pathlib import Path
@@ -195,6 +196,23 @@ def import_object(spec: str, what: str, *, form: str = "package.module:function"
         except ValueError:
             pass  # no signature to inspect (some builtins): the first call will tell
     return obj
+
+
+def unwritable_directory(path: str | os.PathLike) -> str | None:
+    """Why a directory cannot be made and written at ``path`` (None: it can): it is a file, it lies under
+    a file, or its nearest existing ancestor may not be written by this process.  The callers name
+    their setting in front of it."""
+    target = Path(path).expanduser()
+    if target.exists() and not target.is_dir():
+        return f"{path} is a file, not a directory"
+    ancestor = target.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{path} lies under {ancestor}, which is a file, not a directory"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"{path} cannot be written (no write permission in {ancestor})"
+    return None
 
 
 def add_record(registry: dict, record, kind: str):

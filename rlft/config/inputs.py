@@ -20,6 +20,7 @@ import os
 import struct
 from pathlib import Path
 
+from rlft.common import unwritable_directory
 from rlft.config.schema import ConfigError, RunConfig
 
 # Any of these makes a directory's tokenizer loadable (fast tokenizer, sentencepiece, BPE / WordPiece vocab).
@@ -260,10 +261,6 @@ def check_output_dir(cfg: RunConfig) -> None:
     out = Path(cfg.output.dir).expanduser()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output.dir: {cfg.output.dir} is a file, not a directory: name a directory for the run")
-    ancestor = out.absolute()
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ConfigError(f"output.dir: {cfg.output.dir} lies under {ancestor}, which is a file, not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ConfigError(f"output.dir: {cfg.output.dir} cannot be written (no write permission in {ancestor})")
+    problem = unwritable_directory(cfg.output.dir)
+    if problem is not None:
+        raise ConfigError(f"output.dir: {problem}")

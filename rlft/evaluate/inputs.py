@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlft.common import looks_like_hub_id
+from rlft.common import looks_like_hub_id, unwritable_directory
 
 GSM8K_ALIAS = "gsm8k"
 _SPLIT = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -125,10 +125,6 @@ def check_out_dir(out: str | None, labels: list[str]) -> None:
     for target in [Path(out), *targets]:
         if target.exists() and not target.is_dir():
             raise InputError(f"--out: {target} is a file, not a directory: name a directory for the results")
-    ancestor = Path(out).absolute()
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise InputError(f"--out: {out} lies under {ancestor}, which is a file, not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise InputError(f"--out: {out} cannot be written (no write permission in {ancestor})")
+    problem = unwritable_directory(out)
+    if problem is not None:
+        raise InputError(f"--out: {problem}")
