@@ -143,7 +143,7 @@ class GRPOObjective:
             cliprange_high=g.cliprange_high, kl_coef=g.kl_coef, kl_estimator=g.kl_estimator,
             aggregation=g.aggregation, constant_normalizer=float(self.max_tokens),
             num_tokens_total=num_tokens_total, num_micro_batches=num_micro_batches,
-            num_rows_total=num_rows_total, rollout_is_weights=weights)
+            num_rows_total=num_rows_total, rollout_is_weights=weights, loss_options=g.loss_options)
         metrics = {k: metrics[k].detach().float() for k in POLICY_LOSS_METRIC_KEYS}
         metrics["entropy"] = masked_mean(entropy.detach().float(), labels.response_mask)
         if labels.sampler_logprobs is None:  # a step that did not ask the sampler for log-probs

@@ -128,6 +128,47 @@ def test_an_aggregation_recorded_as_fixed_length_gets_the_objectives_length():
         close(loss, -0.1)
 
 
+# ---------------------------------------------------------------- a loss with a setting of its own
+
+
+def test_a_loss_with_an_option_of_its_own_reads_it_from_grpo_loss_options():
+    from rlft.grpo import POLICY_LOSSES, register_policy_loss
+    from rlft.grpo.losses import POLICY_LOSS_FUNCTIONS
+
+    @register_policy_loss("_test_scaled_reinforce", uses_ratio=False)
+    def _scaled(policy_log_probs, *, advantages, scale=1.0, **_):
+        """-scale · A · logp: its option `scale`, a keyword with a default, is read from its signature."""
+        return -scale * advantages * policy_log_probs, {}
+
+    with registered(POLICY_LOSS_FUNCTIONS, "_test_scaled_reinforce"):
+        assert POLICY_LOSSES["_test_scaled_reinforce"].options == ("scale",)
+        logp = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]])
+        labels = Labels(response_mask=torch.ones(2, 2), advantages=torch.tensor([1.0, -1.0]),
+                        raw_rewards=torch.tensor([1.0, 0.0]))
+
+        def loss_of(*overrides):
+            g = load_config(None, ["grpo.loss_type=_test_scaled_reinforce", *overrides]).grpo
+            return GRPOObjective(g, max_tokens=8).loss(logp, torch.zeros(2, 2), labels, num_tokens_total=4.0,
+                                                       num_micro_batches=1)[0]
+
+        # -A·logp: row 0 [1, 2] (mean 1.5), row 1 [-.5, -3] (mean -1.75); the rows' mean -.125, x scale.
+        close(loss_of(), -0.125)  # no options: the function's default, 1
+        close(loss_of("grpo.loss_options.scale=3"), -0.375)
+        assert load_config(None, ["grpo.loss_type=_test_scaled_reinforce",
+                                  "grpo.loss_options.scale=3"]).grpo.loss_options == {"scale": 3}
+        with pytest.raises(ConfigError) as info:
+            load_config(None, ["grpo.loss_type=_test_scaled_reinforce", "grpo.loss_options.scael=3"])
+        assert str(info.value) == ("grpo.loss_options.scael: loss_type _test_scaled_reinforce takes no option "
+                                   "scael (its options: scale)")
+    with pytest.raises(ConfigError) as info:  # rlft's own losses take none
+        load_config(None, ["grpo.loss_options.scale=3"])
+    assert str(info.value) == "grpo.loss_options.scale: loss_type grpo_clip takes no option scale (its options: none)"
+    assert load_config(None, []).grpo.loss_options == {}
+    with pytest.raises(ValueError, match=r"^policy loss '_test_bare': option scale needs a default"):
+        register_policy_loss("_test_bare", uses_ratio=False)(lambda policy_log_probs, *, scale, **_: None)
+    assert "_test_bare" not in POLICY_LOSSES
+
+
 # ---------------------------------------------------------------- rollout IS correction
 
 # The trainer's and the sampler's log-probs differ by ratios 2 and .25 on one row of two tokens.

@@ -3,7 +3,9 @@ the rank's context read them, so a new role is its module, its record and its te
 
 Shown with a throwaway "logger" role, written here into a temporary module that registers its record:
 the config places it with `topology.extra_roles`, the topology gives it a rank, and a real launch of
-two ranks builds it on that rank only, where it sees every step.  No file of rlft is edited for it.
+two ranks builds it on that rank only, where it sees every step; its record names the methods that give
+and take back its state, so a checkpoint keeps what it saw and a resumed launch continues from there.
+No file of rlft is edited for it.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "launch" / "configs" / "grpo_cpu_tiny.yaml"
 
 LOGGER_MODULE = '''
-"""A throwaway role: it records the step numbers it saw, in OUT/logger_rank<R>.json."""
+"""A throwaway role: it records the step numbers it saw, in OUT/logger_rank<R>.json, and keeps them in
+checkpoints (its state)."""
 import json
 from pathlib import Path
 
@@ -41,12 +44,18 @@ class StepLogger:
         self.path.write_text(json.dumps(self.steps))
         return {"logger/steps_seen": float(len(self.steps))}
 
+    def checkpoint_state(self):
+        return {"steps": list(self.steps)}
+
+    def restore_state(self, state):
+        self.steps = list(state["steps"])
+
 
 def build(ctx, training):
     return StepLogger(Path(ctx.cfg.output.dir) / f"logger_rank{ctx.roles.rank}.json")
 
 
-register_role(Role("logger", f"{__name__}:build", after_step="saw"))
+register_role(Role("logger", f"{__name__}:build", after_step="saw", state=("checkpoint_state", "restore_state")))
 '''
 MODULE_NAME = "throwaway_logger_role"
 
@@ -143,6 +152,13 @@ def test_a_role_name_is_registered_once():
     assert "step-logger" not in ROLES
 
 
+def test_a_role_state_is_two_method_names():
+    assert Role("logger", "somewhere:build").state is None
+    with pytest.raises(ValueError, match=r"^role 'logger': state must be \(save, restore\), two method names, "
+                                         r"got \('checkpoint_state',\)$"):
+        Role("logger", "somewhere:build", state=("checkpoint_state",))
+
+
 # ---------------------------------------------------------------- a new role: placed by the config
 
 
@@ -205,20 +221,11 @@ main(sys.argv[1:])
 """
 
 
-def test_a_launch_builds_the_new_role_on_its_rank_only_and_it_sees_every_step(tmp_path):
-    from conftest import write_gsm8k_dir
-    from tiny_models import tiny_model_dir
-
+def launch_two_ranks(tmp_path, *overrides) -> list[tuple[str, str]]:
+    """One launch of rank 0 (everything else) and rank 1 (the logger); asserts both exit 0."""
     from rlft.common import free_port
 
-    model = tiny_model_dir(tmp_path / "model", family="llama", num_layers=2)
-    questions = [f"What is {a} plus {b}?" for a, b in zip(range(1, 9), range(3, 11))]
-    data = write_gsm8k_dir(tmp_path / "gsm8k", {"train": [(q, "5") for q in questions],
-                                                 "test": [(q, "5") for q in questions[:4]]})
-    out = tmp_path / "out"
     modules = write_logger_module(tmp_path / "modules")
-    overrides = [f"model.path={model}", f"data.source={data}", f"output.dir={out}", "schedule.steps=2",
-                 "schedule.evaluate_freq=0", "output.save_at_end=false", *ALONE, "topology.extra_roles.logger=1"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(modules), str(REPO)]), "WORLD_SIZE": "2",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "DS_ACCELERATOR": "cpu",
            "OMP_NUM_THREADS": "1", "RLFT_PROGRESS": "0"}
@@ -231,8 +238,30 @@ def test_a_launch_builds_the_new_role_on_its_rank_only_and_it_sees_every_step(tm
         for p in ranks:
             p.kill()
     assert [p.returncode for p in ranks] == [0, 0], "\n".join(err[-4000:] for _, err in results)
+    return results
+
+
+def test_a_launch_builds_the_new_role_on_its_rank_only_and_a_resumed_launch_gives_back_its_state(tmp_path):
+    from conftest import write_gsm8k_dir
+    from tiny_models import tiny_model_dir
+
+    model = tiny_model_dir(tmp_path / "model", family="llama", num_layers=2)
+    questions = [f"What is {a} plus {b}?" for a, b in zip(range(1, 9), range(3, 11))]
+    data = write_gsm8k_dir(tmp_path / "gsm8k", {"train": [(q, "5") for q in questions],
+                                                 "test": [(q, "5") for q in questions[:4]]})
+    out = tmp_path / "out"
+    overrides = [f"model.path={model}", f"data.source={data}", f"output.dir={out}", "schedule.evaluate_freq=0",
+                 "schedule.save_every=2", "output.save_at_end=false", *ALONE, "topology.extra_roles.logger=1"]
+    results = launch_two_ranks(tmp_path, *overrides, "schedule.steps=2")
     assert "rank 1 (logger)" in results[1][1]
     assert json.loads((out / "logger_rank1.json").read_text()) == [1, 2]
     assert not (out / "logger_rank0.json").exists()  # rank 0 does not host it
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [(s["step"], s["logger/steps_seen"]) for s in steps] == [(1, 1.0), (2, 2.0)]
+    # The checkpoint of step 2 keeps what the logger saw (from the one rank hosting it); the launch of
+    # one more step resumes it, and the logger goes on from there instead of starting afresh.
+    assert sorted(p.name for p in (out / "checkpoints" / "step_000002" / "roles").iterdir()) == ["logger_0.pt"]
+    launch_two_ranks(tmp_path, *overrides, "schedule.steps=3")
+    assert json.loads((out / "logger_rank1.json").read_text()) == [1, 2, 3]
+    last = json.loads((out / "steps.jsonl").read_text().splitlines()[-1])
+    assert (last["step"], last["logger/steps_seen"]) == (3, 3.0)

@@ -78,6 +78,9 @@ def _check_loss_needs(g: GRPOConfig) -> None:
     loss = POLICY_LOSSES[g.loss_type]
     for key in loss.requires:
         _require(getattr(g, key) is not None, f"grpo.{key}: required when grpo.loss_type is {g.loss_type}")
+    for key in g.loss_options:
+        _require(key in loss.options, f"grpo.loss_options.{key}: loss_type {g.loss_type} takes no option {key} "
+                                      f"(its options: {', '.join(loss.options) or 'none'})")
     _require(loss.uses_groups or g.group_size == 1,
              f"grpo.group_size: loss_type {g.loss_type} uses no groups; set grpo.group_size=1 (got {g.group_size})")
 

@@ -60,6 +60,11 @@ class Role:
       roles without one are built first, so that an engine starts from the memory the models left.
     * ``after_step``: the name of a method of its object that the training loop calls after each
       step on its rank, with the step number and the rank's metrics; a dict it returns joins them.
+    * ``state``: ``(save, restore)``, the names of two methods of its object: ``save()`` returns the
+      role's state (anything ``torch.save`` takes), ``restore(state)`` takes it back.  Every checkpoint
+      keeps it, one file per rank hosting the role (`rlft.runtime.checkpoint.save_role_states`), and a
+      resumed run gives it back before the first step; None: the role keeps nothing (rlft's own roles
+      are kept by the checkpoint's own files: the policy's DeepSpeed state, the data position).
     """
 
     name: str
@@ -69,10 +74,13 @@ class Role:
     wanted: Callable[[Any, Training], bool] = _always
     runs_engine: bool = False
     after_step: str | None = None
+    state: tuple[str, str] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "rank_key", self.rank_key or f"{EXTRA_ROLES}.{self.name}")
         object.__setattr__(self, "attribute", self.attribute or self.name)
+        if self.state is not None and (len(self.state) != 2 or not all(isinstance(m, str) and m for m in self.state)):
+            raise ValueError(f"role {self.name!r}: state must be (save, restore), two method names, got {self.state!r}")
 
     @property
     def key_of_its_own(self) -> bool:

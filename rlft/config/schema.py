@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlft.config.distill_sections import DistillConfig, TeacherConfig  # noqa: F401  (sections of RunConfig)
 from rlft.config.role_records import placed_ranks
@@ -187,6 +188,8 @@ def engine_sections() -> dict[str, type]:
 class GRPOConfig:
     group_size: int = 8
     loss_type: str = "grpo_clip"
+    # The loss's own settings {name: value} (a registered loss's options; rlft's own losses take none)
+    loss_options: dict[str, Any] = field(default_factory=dict)
     cliprange: float = 0.2
     cliprange_high: float | None = None  # DAPO clip-higher upper bound (loss_type dapo)
     advantage_eps: float = 1e-6

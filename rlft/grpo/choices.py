@@ -1,7 +1,7 @@
 """The GRPO family's choices as the config names them: one record per choice, carrying the properties
 the config checks and warnings read (never the names).
 
-    POLICY_LOSSES         grpo.loss_type            PolicyLoss: uses_ratio, uses_groups, requires
+    POLICY_LOSSES         grpo.loss_type            PolicyLoss: uses_ratio, uses_groups, requires, options
     ADVANTAGE_ESTIMATORS  grpo.advantage_estimator  AdvantageEstimator: divides_by_std
     KL_ESTIMATORS         grpo.kl_estimator         KLEstimator: unbiased, nonnegative
     AGGREGATION_MODES     grpo.aggregation          Aggregation: fixed_length
@@ -45,12 +45,16 @@ class PolicyLoss:
     * ``uses_groups``: the loss reads group-relative advantages; False (raw rewards) means one
       response per prompt (``grpo.group_size`` must be 1).
     * ``requires``: ``grpo.*`` settings that must be set (not null) for this loss.
+    * ``options``: the settings of its own (``grpo.loss_options: {name: value}``), keyword parameters
+      with defaults of its function, which receives those the config sets; read from the function's
+      signature when it is registered (`rlft.grpo.losses.register_policy_loss`).
     """
 
     name: str
     uses_ratio: bool
     uses_groups: bool = True
     requires: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

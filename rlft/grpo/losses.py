@@ -9,7 +9,8 @@ checks and warnings read those properties, never the name.  See the package docs
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import inspect
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -92,9 +93,33 @@ def register_policy_loss(
     under ``name``, with its properties (see :class:`~rlft.grpo.choices.PolicyLoss`).
 
     The function is called as ``fn(policy_log_probs, *, raw_rewards, advantages, old_log_probs,
-    cliprange, cliprange_high, response_mask)`` and returns ``(loss [B, T], metadata)``.
+    cliprange, cliprange_high, response_mask, **options)`` and returns ``(loss [B, T], metadata)``.
+    Its other keyword parameters, each with a default, are its options: ``grpo.loss_options`` sets
+    them (`loss_options`), and the config refuses any other name there.
     """
-    return POLICY_LOSS_FUNCTIONS.register(PolicyLoss(name, uses_ratio, uses_groups, tuple(requires)))
+
+    def add(fn: PolicyLossFn) -> PolicyLossFn:
+        record = PolicyLoss(name, uses_ratio, uses_groups, tuple(requires), options=loss_options(name, fn))
+        return POLICY_LOSS_FUNCTIONS.register(record)(fn)
+
+    return add
+
+
+# What every loss function is given (`compute_policy_gradient_loss`); its other keywords are its options.
+LOSS_INPUTS = ("policy_log_probs", "raw_rewards", "advantages", "old_log_probs", "cliprange", "cliprange_high",
+               "response_mask")
+
+
+def loss_options(name: str, fn: PolicyLossFn) -> tuple[str, ...]:
+    """The options of the loss `fn` (``grpo.loss_options``): its keyword parameters besides
+    :data:`LOSS_INPUTS` and its first (the log-probs); each must have a default (ValueError)."""
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    options = [p for p in params if p.kind in kinds and p.name not in LOSS_INPUTS]
+    bare = [p.name for p in options if p.default is inspect.Parameter.empty]
+    if bare:
+        raise ValueError(f"policy loss {name!r}: option {bare[0]} needs a default (the value without grpo.loss_options)")
+    return tuple(p.name for p in options)
 
 
 def _require(loss_type: str, **values) -> None:
@@ -211,6 +236,7 @@ def compute_policy_gradient_loss(
     cliprange: Optional[float] = None,
     cliprange_high: Optional[float] = None,
     response_mask: Optional[Tensor] = None,
+    options: Optional[dict[str, Any]] = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-token policy-gradient loss of the registered ``loss_type``.
 
@@ -222,6 +248,7 @@ def compute_policy_gradient_loss(
         old_log_probs: ``[B, T]`` (clip losses).
         cliprange, cliprange_high: clip ε (clip losses; ``dapo`` requires ``cliprange_high``).
         response_mask: ``[B, T]`` (only ``gspo``, which averages over the response).
+        options: the loss's own settings (``grpo.loss_options``), passed as keywords.
 
     Returns:
         ``(loss [B, T], metadata)``; clip losses put ``clipped`` and ``ratio`` ``[B, T]`` in
@@ -244,4 +271,5 @@ def compute_policy_gradient_loss(
         cliprange=cliprange,
         cliprange_high=cliprange_high,
         response_mask=response_mask,
+        **(options or {}),
     )

@@ -25,7 +25,7 @@ def policy_loss(
     kl_coef: float = 0.0, kl_estimator: str = DEFAULT_KL_ESTIMATOR,
     aggregation: str = DEFAULT_AGGREGATION, constant_normalizer: Optional[float] = None,
     num_tokens_total: Optional[float] = None, num_micro_batches: int = 1, num_rows_total: Optional[float] = None,
-    rollout_is_weights: Optional[Tensor] = None,
+    rollout_is_weights: Optional[Tensor] = None, loss_options: Optional[dict] = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Training loss of one (micro-)batch: policy-gradient loss + ``kl_coef`` · KL, aggregated.
 
@@ -42,6 +42,7 @@ def policy_loss(
         rollout_is_weights: ``[B, T]`` per-token weights of the policy-gradient term (a rollout IS
             correction, :func:`rlft.grpo.rollout_correction.rollout_is_weights`), without gradient; the
             KL term is not weighted. None: weight 1.
+        loss_options: the loss's own settings (``grpo.loss_options``), keywords of its function.
 
     Returns:
         ``(loss, metrics)``: the scalar loss to backpropagate, and detached float32 scalars under
@@ -54,7 +55,7 @@ def policy_loss(
         raise ValueError("kl_coef > 0 requires ref_log_probs (the reference model's log-probs)")
     pg_per_token, meta = compute_policy_gradient_loss(
         policy_log_probs, loss_type, raw_rewards=raw_rewards, advantages=advantages, old_log_probs=old_log_probs,
-        cliprange=cliprange, cliprange_high=cliprange_high, response_mask=response_mask)
+        cliprange=cliprange, cliprange_high=cliprange_high, response_mask=response_mask, options=loss_options)
     pg_per_token = _weighted(pg_per_token, rollout_is_weights)
     kl_per_token = None if ref_log_probs is None else compute_kl(policy_log_probs, ref_log_probs, kl_estimator)
     per_token = pg_per_token + kl_coef * kl_per_token if kl_coef > 0 else pg_per_token

@@ -5,6 +5,8 @@
         hf/                     the policy as an HF model directory (one safetensors shard per stage);
                                 with LoRA the merged model, and hf/adapter/ the adapters (peft's format)
         rng/rank_<r>.pt         every rank's RNG state
+        roles/<name>_<i>.pt     the state of each role whose record names its `state` methods, from the
+                                i-th rank hosting it (`save_role_states`)
         trainer_state.json      step, data position, the policy's layout, the training files'
                                 fingerprint; written last
     OUT/model/                  the final HF model (written when training completes)
@@ -264,6 +266,7 @@ def _save_checkpoint(ctx: RankContext, step: int) -> None:
     if ctx.data is not None:  # the data position: the rollout role's or SFT's feeder's PromptSampler
         part["prompt_sampler"] = ctx.data.state_dict()
     save_rng(tmp / "rng" / f"rank_{roles.rank}.pt")
+    save_role_states(ctx, tmp)
     parts = bridge.gather_objects(part, dst=0)
     if roles.rank == 0:
         names = [[] for _ in range(cfg.topology.pipeline_stages)]
@@ -302,9 +305,42 @@ def resume_checkpoint(ctx: RankContext) -> int:
         ctx.policy.load(str(path))
     if ctx.data is not None and state.get("prompt_sampler"):
         ctx.data.load_state_dict(state["prompt_sampler"])
+    restore_role_states(ctx, path)
     if not weights_only:
         load_rng(path / "rng" / f"rank_{roles.rank}.pt")
     if roles.rank == 0:
         log.info("resuming %sfrom %s (step %d)", "the weights only (a fresh optimizer) " if weights_only else "",
                  path, state["step"])
     return int(state["step"])
+
+
+# ------------------------------------------------------------------ the roles' own states
+
+
+def role_state_file(ckpt: str | Path, ctx: RankContext, role) -> Path:
+    """Where `role`'s state from this rank goes in the checkpoint `ckpt`: roles/<name>_<i>.pt, i the
+    rank's place among the ranks hosting the role (so a role on one rank is <name>_0)."""
+    return Path(ckpt) / "roles" / f"{role.name}_{role.ranks(ctx.cfg.topology).index(ctx.roles.rank)}.pt"
+
+
+def save_role_states(ctx: RankContext, ckpt: str | Path) -> None:
+    """Write the state of each role built on this rank whose record names its `state` methods
+    (`rlft.config.role_records.Role.state`: its object's ``save()``)."""
+    import torch
+
+    for role, obj in ctx.role_objects():
+        if role.state is not None:
+            path = role_state_file(ckpt, ctx, role)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(getattr(obj, role.state[0])(), path)
+
+
+def restore_role_states(ctx: RankContext, ckpt: str | Path) -> None:
+    """Give each role built on this rank whose record names its `state` methods the state the
+    checkpoint `ckpt` holds for it (its object's ``restore(state)``); a role the checkpoint holds
+    nothing for (written before the role existed, or by fewer of its ranks) starts afresh."""
+    import torch
+
+    for role, obj in ctx.role_objects():
+        if role.state is not None and role_state_file(ckpt, ctx, role).is_file():
+            getattr(obj, role.state[1])(torch.load(role_state_file(ckpt, ctx, role), weights_only=False))
