@@ -139,12 +139,15 @@ def guard_environment(env: Environment, name: str, limits: GuardLimits | None = 
             raise EnvironmentCallError(f"{where(call, question)} replied {size} characters, more than "
                                        f"environment.max_reply_chars={limits.max_reply_chars}{fix('max_reply_chars')}")
 
-    def open_(question: str, ground_truth: str) -> EpisodeStart:
+    def bounded(fn, args: tuple, call: str, question: str | None):
         try:
-            start = call_with_deadline(raw_open, (question, ground_truth), limits.step_timeout_s, "")
+            return call_with_deadline(fn, args, limits.step_timeout_s, "")
         except EnvironmentCallError:
-            raise EnvironmentCallError(f"{where('open()', question)} did not return within "
+            raise EnvironmentCallError(f"{where(call, question)} did not return within "
                                        f"{limits.step_timeout_s:g} s{fix('step_timeout_s')}") from None
+
+    def open_(question: str, ground_truth: str) -> EpisodeStart:
+        start = bounded(raw_open, (question, ground_truth), "open()", question)
         if isinstance(start, EpisodeStart):
             check_size(_chars(start.messages or ()) + len(start.text or ""), "open()", question)
             if start.state is not None:
@@ -154,11 +157,7 @@ def guard_environment(env: Environment, name: str, limits: GuardLimits | None = 
 
     def step_(state: Any, text: str) -> StepResult:
         question = _question_of(state)
-        try:
-            result = call_with_deadline(raw_step, (state, text), limits.step_timeout_s, "")
-        except EnvironmentCallError:
-            raise EnvironmentCallError(f"{where('step()', question)} did not return within "
-                                       f"{limits.step_timeout_s:g} s{fix('step_timeout_s')}") from None
+        result = bounded(raw_step, (state, text), "step()", question)
         if isinstance(result, StepResult):
             check_size(_chars(result.messages), "step()", question)
         return result
