@@ -21,6 +21,8 @@ TRL = "h200_2026-12-03_trl_ablation/README.md"
 FP8_LORA = "h200_2026-12-03_fp8_lora/README.md"
 DEFAULTS = "h200_2026-12-03_defaults/README.md"
 ROUNDS = "h100_2026-12-05_round_size/README.md"
+CHECKS = "h100_2026-12-06_checks/README.md"
+P, B, A = "one_shape_sample_phase_h100", "one_shape_sample_phase_h100/before", "one_shape_sample_phase_h100/after"
 W, OLD, I = "w_big_1gpu", "w_big_1gpu/previous", "w_big_1gpu_interleaved"
 QUOTES = [
     # The README's table: the one-GPU set of h200_2026-12-03_bench5.
@@ -98,6 +100,16 @@ QUOTES = [
              "{round_size_0p5b/round_s_by_sequences/graphs/512:.2f} s (10.01, 10.14) |"),
     (ROUNDS, "| 80 (640) | **{round_size_0p5b/round_s_by_sequences/default/640:.2f} s** (23.45, 26.30) | "
              "**{round_size_0p5b/round_s_by_sequences/graphs/640:.2f} s** (11.59, 12.87) |"),
+    (CHECKS, f"| sample s | {{{B}/time_sample:.2f}} | {{{A}/time_sample:.2f}} | {{{P}/after_first_launch/time_sample:.2f}} |"),
+    (CHECKS, f"| sample tokens/s | {{{B}/throughput_sample_tokens_per_s:,.0f}} | {{{A}/throughput_sample_tokens_per_s:,.0f}} |"),
+    (CHECKS, "**{one_shape_sample_phase_h100/sample_tokens_per_s_ratio:.2f}× the tokens per second of before**"),
+    (CHECKS, "was {one_shape_sample_phase_h100/same_tree_launch_ratio:.2f}× slower than its second"),
+    (CHECKS, "| episodes with a tool call | 6.2 % (first GRPO step) | **{tools_coldstart_0p5b/eval/tool_call_rate*100:.1f} %** |"),
+    (CHECKS, "| well-formed calls | 0–3 % | **{tools_coldstart_0p5b/eval/well_formed_rate*100:.1f} %** |"),
+    (CHECKS, "| accuracy | 24.6 % | **{tools_coldstart_0p5b/eval/accuracy*100:.1f} %** |"),
+    (CHECKS, "**{w_big_1gpu_h100/rlft_s_per_step:.2f} s a step** (sample {w_big_1gpu_h100/sample_s:.2f}, train "
+             "{w_big_1gpu_h100/train_s:.2f}), train MFU {w_big_1gpu_h100/train_mfu*100:.1f} %"),
+    (CHECKS, "**sync {w_big_1gpu_h100/sync_s:.3f} s, of which the engine's wake {w_big_1gpu_h100/sync_parts_s/wake:.3f} s**"),
 ]
 
 
