@@ -192,11 +192,12 @@ def output_layer_bytes(shape: DecoderShape, tokens: int, value: int, fused: bool
 
 
 # Without it the terms above came to between 1.0 GiB below and 0.2 GiB above the train-phase peaks
-# measured (torch's max allocated; the states counted as in `policy_train_gib`): W-big compiled 45.9 against 46.9 GiB (H100), the
-# 1.5B shape with grpo_instruct_1gpu.yaml 58.4 against 58.2 (H200), the 0.5B with it 31.4 against 32.5
-# and with grpo_distill_1gpu.yaml's teacher 34.7 against 35.8 (H100).  What they leave out (the output
-# layer's weight-gradient products, cuBLAS workspaces, kernels' scratch) is covered by this share of
-# the activation terms more (2.1-3.4 GiB in those runs: estimates 1.03-1.06 x the peaks).
+# measured (torch's max allocated; the states counted as in `policy_train_gib`): W-big compiled 45.9
+# against 46.9 GiB (H100), the 1.5B shape with grpo_instruct_1gpu.yaml 58.4 against 58.2 (H200), the
+# 0.5B with it 31.4 against 32.5 and with grpo_distill_1gpu.yaml's teacher 34.7 against 35.8 (H100).
+# What they leave out (the output layer's weight-gradient products, cuBLAS workspaces, kernels'
+# scratch) is covered by this share of the activation terms more (2.1-3.4 GiB in those runs: estimates
+# 1.03-1.06 x the peaks).
 ACTIVATION_MARGIN = 0.10
 
 
