@@ -129,22 +129,155 @@ def test_the_kv_cache_is_sized_from_the_step_unless_a_share_is_set():
 def test_the_train_activation_estimate_counts_layers_logits_and_stages(tmp_path):
     from tiny_models import tiny_model_dir
 
-    from rlft.runtime.memory_plan import train_activation_gib
+    from rlft.models.loading import load_hf_config
+    from rlft.runtime.memory_plan import DecoderShape, train_activation_gib
 
-    model = tiny_model_dir(tmp_path / "m", num_layers=4)  # hidden 128, intermediate 256, vocab 400
+    model = tiny_model_dir(tmp_path / "m", num_layers=4)  # hidden 128, intermediate 256, vocab 400, q 128, kv 64
+    shape = DecoderShape.of(load_hf_config(model))
+    assert shape == DecoderShape(hidden=128, intermediate=256, layers=4, vocab=400, q_dim=128, kv_dim=64)
     cfg = load_config(CONFIGS / "grpo_1gpu.yaml", ["optim.train_micro_batch_size=8"])
-    tokens = 8 * 100
-    per_token = 4 * (8 * 128 + 4 * 256) * 2 + 400 * (2 + 8)  # bf16: 4 layers' kept inputs, then the logits
-    assert train_activation_gib(cfg, model, 100, torch.bfloat16) * GIB == pytest.approx(tokens * per_token)
-    # Two stages: half the layers each, two micro-batches in flight; fp32 values; checkpointing keeps
-    # one hidden state a layer; micro_batch_tokens sets the micro-batch's tokens.
+    assert cfg.model.compile_layers and not cfg.model.activation_checkpointing
+    # 8 x 100 tokens; compiled layers keep 4H + 2q + 2kv + 3I = 1664 values a token, the final norm 4H;
+    # 800 x 400 logits take the plain way: 12 bytes each.  10 % more.
+    compiled = 4 * 1664 + 4 * 128
+    assert train_activation_gib(cfg, shape, 100, torch.bfloat16) * GIB == pytest.approx(
+        (800 * compiled * 2 + 12 * 800 * 400) * 1.1)
+    # Two stages: half the layers each, two micro-batches in flight; eager layers keep
+    # 8H + 2q + 2kv + 4I = 2432 values; fp32 values.
     two = load_config(CONFIGS / "grpo_cpu_tiny.yaml", ["optim.train_micro_batch_size=8", "optim.rollout_batch_size=16"])
-    assert two.topology.pipeline_stages == 2
-    assert train_activation_gib(two, model, 100, torch.float32) * GIB == pytest.approx(
-        tokens * (2 * 2 * (8 * 128 + 4 * 256) * 4 + 400 * 12))
+    assert two.topology.pipeline_stages == 2 and not two.model.compile_layers
+    assert train_activation_gib(two, shape, 100, torch.float32) * GIB == pytest.approx(
+        (800 * (2 * 2 * 2432 + 4 * 128) * 4 + 12 * 800 * 400) * 1.1)
+    # Checkpointing keeps one hidden state a layer and recomputes one layer; micro_batch_tokens sets the
+    # micro-batch's tokens (a longer sequence alone).
     ckpt = load_config(CONFIGS / "grpo_1gpu.yaml", ["model.activation_checkpointing=true", "optim.micro_batch_tokens=1000"])
-    assert train_activation_gib(ckpt, model, 100, torch.bfloat16) * GIB == pytest.approx(
-        1000 * (4 * 128 * 2 + 400 * 10))
+    assert train_activation_gib(ckpt, shape, 100, torch.bfloat16) * GIB == pytest.approx(
+        (1000 * (4 * 128 + 1664 + 4 * 128) * 2 + 12 * 1000 * 400) * 1.1)
+    assert train_activation_gib(ckpt, shape, 3000, torch.bfloat16) * GIB == pytest.approx(
+        (3000 * (4 * 128 + 1664 + 4 * 128) * 2 + 12 * 3000 * 400) * 1.1)
+
+
+def test_the_train_peak_adds_the_frozen_models_and_counts_lora_s_adapters(tmp_path):
+    from tiny_models import tiny_model_dir
+
+    from rlft.models.loading import load_hf_config
+    from rlft.runtime.memory_plan import (DecoderShape, count_parameters, lora_parameters, policy_train_gib,
+                                          train_activation_gib, train_peak_gib)
+
+    model = tiny_model_dir(tmp_path / "m", num_layers=4)
+    params, shape = count_parameters(model), DecoderShape.of(load_hf_config(model))
+    plan = {"reference": 1.5, "teacher": 2.0}
+    cfg = load_config(CONFIGS / "grpo_1gpu.yaml", ["optim.train_micro_batch_size=8"])
+    activations = train_activation_gib(cfg, shape, 100, torch.bfloat16)
+    # A tiny model: DeepSpeed's bucket (0.93 GiB) outweighs the rest; the guarded step is the peak.
+    assert policy_train_gib(cfg, params, torch.bfloat16) == pytest.approx(
+        ((params * 16 + 10**9) / GIB, (params * 30 + 10**9) / GIB))
+    assert train_peak_gib(cfg, model, 100, torch.bfloat16, plan) == pytest.approx(
+        max((params * 16 + 10**9) / GIB + activations, (params * 30 + 10**9) / GIB) + 3.5)
+    # LoRA: the base weights frozen (2 bytes each), the adapters alone carry master copy, moments and
+    # gradients; without the guard the step holds the gradients, their flat copy and its fp32 cast.
+    lora = load_config(CONFIGS / "grpo_1gpu.yaml", ["optim.train_micro_batch_size=8", "model.lora.enabled=true",
+                                                    "optim.divergence_factor=0"])
+    adapters = lora_parameters(model, lora.model.lora)
+    backward, step = policy_train_gib(lora, params, torch.bfloat16, adapters)
+    assert backward * GIB == params * 2 + adapters * 16 + 10**9
+    assert step * GIB == params * 2 + adapters * (14 + 8) + 10**9
+    assert train_peak_gib(lora, model, 100, torch.bfloat16, plan) == pytest.approx(
+        max(backward + train_activation_gib(lora, shape, 100, torch.bfloat16), step) + 3.5)
+
+
+def qwen_shape(hidden: int, intermediate: int, layers: int, heads: int, tied: bool):
+    """A Qwen2.5 config (2 KV heads, head_dim 128 or 64, vocabulary 151,936) and its parameter count."""
+    from transformers import Qwen2Config
+
+    from rlft.runtime.memory_plan import parameter_count
+
+    config = Qwen2Config(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=2, vocab_size=151_936, tie_word_embeddings=tied)
+    return config, parameter_count(config)
+
+
+def estimate_gib(cfg, config, params: int, tokens_per_sequence: int, frozen_gib: float = 0.0) -> float:
+    """`train_peak_gib`'s sum on a config built in memory (it reads a model directory's)."""
+    from rlft.runtime.memory_plan import DecoderShape, policy_train_gib, train_activation_gib
+
+    backward, step = policy_train_gib(cfg, params, torch.bfloat16)
+    activations = train_activation_gib(cfg, DecoderShape.of(config), tokens_per_sequence, torch.bfloat16)
+    return max(backward + activations, step) + frozen_gib
+
+
+def test_the_train_peak_estimate_for_w_big_lands_just_above_its_measured_peak():
+    from rlft.runtime.memory_plan import policy_train_gib
+
+    config, params = qwen_shape(1536, 8960, 28, 12, tied=True)  # Qwen2.5-1.5B
+    assert params == 1_543_714_304
+    cfg = load_config(CONFIGS / "grpo_1gpu.yaml", ["optim.train_micro_batch_size=8"])  # W-big's micro-batch
+    assert cfg.optim.divergence_factor > 0 and cfg.model.compile_layers
+    # States: bf16 weights 2 + fp32 master 4 + Adam 8 + bf16 gradients 2 a parameter, DeepSpeed's bucket
+    # 5e8 x 2 bytes; the step: 14 + max(2 + 2 + 4, fp32 gradient 4 + the guard's copy 12) a parameter.
+    backward, step = policy_train_gib(cfg, params, torch.bfloat16)
+    assert backward * GIB == 1_543_714_304 * 16 + 1_000_000_000  # 23.93 GiB
+    assert step * GIB == 1_543_714_304 * 30 + 1_000_000_000  # 44.06 GiB
+    # 8 sequences of 246 + 512 tokens: 6064 tokens x 28 compiled layers x (4*1536 + 2*1536 + 2*256 + 3*8960
+    # = 36,608 values) + the final norm's 4*1536, 2 bytes each: 2,062,336 bytes a token; 6064 x 151,936
+    # logits (<= 2**30: the plain way) x 12 bytes.  10 % more.
+    activations = (6064 * 2_062_336 + 12 * 6064 * 151_936) * 1.1  # 25,918,292,787 bytes: 24.14 GiB
+    estimate = estimate_gib(cfg, config, params, 246 + 512)
+    assert estimate * GIB == pytest.approx(1_543_714_304 * 16 + 1_000_000_000 + activations)  # 48.07 GiB
+    # Measured on an H100 (memory/peak_gb/train, steps 2-8): 46.1-46.9 GiB.  Within 15 % above it.
+    assert 46.92 <= estimate <= 1.15 * 46.92
+    # On an 80 GB H100 (79.6 GiB; engine 19.1, headroom 4.0) the engine sleeps: 48.07 x 1.25 does not fit
+    # in 56.5 GiB; on an H200 (139.8; engine 19.0, headroom 7.0) it stays awake.
+    assert awake_spare_gib({"total": 79.6, "engine": 19.1, "headroom": 4.0}, estimate) == pytest.approx(-3.59, abs=0.01)
+    assert awake_spare_gib({"total": 139.8, "engine": 19.0, "headroom": 7.0}, estimate) == pytest.approx(53.71, abs=0.01)
+
+
+def test_the_train_peak_estimate_for_the_0_5b_instruct_shape():
+    config, params = qwen_shape(896, 4864, 24, 14, tied=True)  # Qwen2.5(-Coder)-0.5B-Instruct
+    assert params == 494_032_768
+    cfg = load_config(CONFIGS / "grpo_instruct_1gpu.yaml")  # 16 sequences a micro-batch, eager layers
+    # The longest micro-batch, 16 x (256 + 512) = 12,288 tokens, takes the chunks: 24 eager layers x
+    # (8*896 + 2*896 + 2*128 + 4*4864 = 28,672 values) + 4*896, 2 bytes: 1,383,424 bytes a token, and
+    # (4 + 2) x 151,936 x 896 + 12 x 2**26 for the output layer.  The largest that takes the plain way,
+    # 2**30 // 151,936 = 7067 tokens, holds more: its fp32 log-softmax, 12 bytes a logit.
+    chunked = 12_288 * 1_383_424 + 6 * 151_936 * 896 + 12 * 2**26  # 18,621,628,416 bytes
+    plain = 7067 * 1_383_424 + 12 * 7067 * 151_936  # 22,661,437,952 bytes
+    assert plain > chunked
+    estimate = estimate_gib(cfg, config, params, 256 + 512)
+    assert estimate * GIB == pytest.approx(494_032_768 * 16 + 1_000_000_000 + plain * 1.1)  # 31.51 GiB
+    # The runs measured (benchmarks/results/h100_2026-12-06_checks/phases, h100_2026-12-06_distill) loaded
+    # a GGUF whose output layer is its own tensor (630,167,424 parameters): peaks of 32.45 GiB, and
+    # 35.77 GiB beside the distillation teacher (1.5B, untied: 1,777,088,000 bf16 weights).
+    untied, untied_params = qwen_shape(896, 4864, 24, 14, tied=False)
+    assert untied_params == 630_167_424
+    alone = estimate_gib(cfg, untied, untied_params, 768)
+    assert 32.45 <= alone <= 1.15 * 32.45
+    distill = load_config(CONFIGS / "grpo_distill_1gpu.yaml")
+    with_teacher = estimate_gib(distill, untied, untied_params, 768, frozen_gib=1_777_088_000 * 2 / GIB)
+    assert 35.77 <= with_teacher <= 1.15 * 35.77
+
+
+def test_the_estimate_grows_with_the_micro_batch_and_shrinks_with_checkpointing():
+    from rlft.runtime.memory_plan import DecoderShape, train_activation_gib
+
+    config, _ = qwen_shape(896, 4864, 24, 14, tied=True)
+    shape = DecoderShape.of(config)
+
+    def gib(*overrides: str, tokens: int = 700) -> float:
+        return train_activation_gib(load_config(CONFIGS / "grpo_instruct_1gpu.yaml", list(overrides)), shape, tokens,
+                                    torch.bfloat16)
+
+    # More tokens a micro-batch, more memory; between 7067 tokens (the most that take the output layer's
+    # plain way, whose fp32 log-softmax is the worst) and about 15,000 the estimate holds at its plain peak.
+    budgets = [gib(f"optim.micro_batch_tokens={n}") for n in (1000, 2000, 4000, 7000, 7067, 16000, 32000)]
+    assert budgets == sorted(budgets) and len(set(budgets)) == len(budgets)
+    assert gib("optim.micro_batch_tokens=8000") == gib("optim.micro_batch_tokens=7067") == gib(tokens=700)
+    rows = [gib(f"optim.train_micro_batch_size={n}", "optim.rollout_batch_size=256") for n in (1, 2, 4, 8, 32)]
+    assert rows == sorted(rows) and len(set(rows)) == len(rows)
+    assert gib(tokens=200) < gib(tokens=400) < gib(tokens=1200) < gib(tokens=1600)
+    for overrides in ((), ("model.compile_layers=true",), ("optim.micro_batch_tokens=20000",)):
+        assert gib("model.activation_checkpointing=true", *overrides) < gib(*overrides)
+    assert gib("model.compile_layers=true") < gib()  # compiled layers keep 3I of the MLP's 4I
 
 
 def test_the_engine_is_sized_for_the_largest_round_dynamic_sampling_can_draw(tmp_path):

@@ -79,7 +79,7 @@ def _plan_memory(ctx: RankContext, training: Training) -> float | None:
     if not (roles.policy and roles.hosts_engine):
         return None
     from rlft.config.role_records import ROLES
-    from rlft.runtime.memory_plan import check_fits_awake, check_shared_gpu, step_shape, train_activation_gib
+    from rlft.runtime.memory_plan import check_fits_awake, check_shared_gpu, step_shape, train_peak_gib
 
     step = None
     if ctx.device.type == "cuda" and roles.hosts("sampler") and ROLES["sampler"].wanted(cfg, training):
@@ -103,7 +103,7 @@ def _plan_memory(ctx: RankContext, training: Training) -> float | None:
         ctx.gpu_budget.describe(int(plan["total"] * 2**30)))
     if step is None:
         return None
-    peak = plan["policy"] + plan["reference"] + plan["teacher"] + train_activation_gib(cfg, ctx.model_path, step.tokens, ctx.policy_dtype)
+    peak = train_peak_gib(cfg, ctx.model_path, step.tokens, ctx.policy_dtype, plan)
     check_fits_awake(cfg, plan, peak)  # model.lora.sync adapter: the engine cannot sleep
     return peak
 

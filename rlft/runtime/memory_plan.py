@@ -6,11 +6,20 @@ An engine that sleeps gives its memory back while the policy trains, but the pol
 gradients and optimizer state stay resident while the engine is awake: the engine's share plus
 that must fit, with some room for the activations of the sampling phase.  A split that cannot fit
 is refused at start, with the numbers, instead of failing with an out-of-memory error steps later
-(and losing the steps since the last checkpoint).  The other way round, once a run has trained: where a sleeping engine would fit awake
-beside the train phase's measured peak, the log says so (`note_sleep_mode`), since its wake costs
-every sync a tenth of a second or more.
+(and losing the steps since the last checkpoint).
+
+Whether the engine sleeps while the policy trains (an ``auto`` sleep setting, `settle_sleep_mode`)
+follows from the train phase's estimated peak (`train_peak_gib`): a model of what the code keeps,
+term by term (the policy's states under DeepSpeed's ZeRO stage 1, the decoder layers' kept
+activations, the output layer's log-probs, the optimizer step with the update guard), within 3-6 %
+above the peaks measured on H100 and H200 GPUs.  The other way round, once a run has trained: where a
+sleeping engine would fit awake beside the train phase's measured peak, it stays awake or the log
+says so (`note_sleep_mode`), since its wake costs every sync a tenth of a second or more.
 """
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -18,8 +27,10 @@ from rlft.common import log
 from rlft.config import ConfigError, RunConfig
 from rlft.engines import GpuBudget, StepShape, backend_record
 
+# What the fit check at start (`shared_gpu_plan`) allows the policy a parameter, activations aside:
 # bf16 training under DeepSpeed: bf16 weights (2) and gradients (2), fp32 master weights (4) and
 # gradients (4), Adam's two fp32 moments (8).  fp32 training: weights, gradients, moments (16).
+# The train phase's estimated peak counts the states at each moment instead (`policy_train_gib`).
 POLICY_BYTES_PER_PARAM = {torch.bfloat16: 20, torch.float32: 16}
 HEADROOM = 0.05  # of the GPU, for CUDA contexts, NCCL buffers and the sampling phase's activations
 # The update guard (`optim.divergence_factor` > 0) copies the optimizer's fp32 weights and Adam's two
@@ -27,14 +38,21 @@ HEADROOM = 0.05  # of the GPU, for CUDA contexts, NCCL buffers and the sampling 
 GUARD_BYTES_PER_TRAINED_PARAM = 12
 
 
+@functools.lru_cache(maxsize=8)
 def count_parameters(model_path: str) -> int:
-    """The model's parameter count (shared tensors once), from a copy built on the meta device."""
-    from transformers import AutoModelForCausalLM
-
+    """The model's parameter count (shared tensors once), from a copy built on the meta device (once a
+    process for each path: the plan, the step's shape and the train phase's peak all ask)."""
     from rlft.models.loading import load_hf_config
 
+    return parameter_count(load_hf_config(model_path))
+
+
+def parameter_count(hf_config) -> int:
+    """The parameter count (shared tensors once) of a model of `hf_config`, built on the meta device."""
+    from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(load_hf_config(model_path))
+        model = AutoModelForCausalLM.from_config(hf_config)
     return sum(p.numel() for p in model.parameters())
 
 
@@ -120,34 +138,146 @@ def check_shared_gpu(cfg: RunConfig, *, model_path: str, device: torch.device, p
     return plan, budget
 
 
-def train_activation_gib(cfg: RunConfig, model_path: str, tokens_per_sequence: int, policy_dtype: torch.dtype) -> float:
-    """An upper estimate of the train phase's activations on a policy rank (GiB): a micro-batch of
-    `optim.micro_batch_tokens` tokens (or `optim.train_micro_batch_size` sequences of
-    `tokens_per_sequence`) through this stage's share of the decoder layers, with as many micro-batches
-    in flight as the pipeline has stages, and the output layer's logits in fp32 with their gradient.
-    Per token and layer: the inputs the backward keeps of attention and the MLP (8 x hidden + 4 x
-    intermediate values), or one hidden state with activation checkpointing.  An upper bound by design
-    (the chunked log-probs and compiled layers keep less): on an H200 the 1.5B shape's train phase
-    peaked at 46.2 GiB at W-big against 69.6 GiB estimated with the weights and optimizer, and at
-    54.2 against 92.9 GiB with grpo_instruct_1gpu.yaml."""
+@dataclass(frozen=True)
+class DecoderShape:
+    """What the train phase's activations depend on, read from the model's HF config: the hidden size,
+    the MLP's width a token passes (a mixture of experts': its experts per token times one's width), the
+    decoder layers, the vocabulary, and the widths of the queries and of the keys (= values)."""
+    hidden: int
+    intermediate: int
+    layers: int
+    vocab: int
+    q_dim: int
+    kv_dim: int
+
+    @classmethod
+    def of(cls, hf_config) -> DecoderShape:
+        c = getattr(hf_config, "text_config", None) or hf_config
+        heads = c.num_attention_heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        width = getattr(c, "moe_intermediate_size", None) or getattr(c, "intermediate_size", None) or 4 * c.hidden_size
+        return cls(hidden=c.hidden_size, intermediate=width * (getattr(c, "num_experts_per_tok", None) or 1),
+                   layers=c.num_hidden_layers, vocab=c.vocab_size, q_dim=heads * head_dim,
+                   kv_dim=(getattr(c, "num_key_value_heads", None) or heads) * head_dim)
+
+
+def layer_values_per_token(shape: DecoderShape, compiled: bool) -> int:
+    """Values (each in the policy's dtype) one decoder layer keeps a token for its backward pass, as
+    measured on CPU with `torch.autograd.graph.saved_tensors_hooks` (every saved tensor's storage once,
+    parameters left out) through `DecoderLayerPipe` on Qwen2.5-0.5B's and 1.5B's shapes (SDPA, GQA):
+    eager 10H + 2kv + 4I (57,408 bytes a token at 0.5B), compiled 6H + 2kv + 3I (40,512 bytes).
+    Eager, term by term: each of the two RMSNorms keeps its input in fp32 (2H) and the normalised
+    value before and after its weight (2H); attention keeps the queries after RoPE and its output
+    (2 q_dim: HF's transpose of the output is free), the keys and values (2 kv_dim); the MLP its gate's
+    and up projection's outputs, the activation and their product (4I).  Compiled (`model.compile_layers`),
+    Inductor keeps each norm's input and output in the model's dtype (2H each) and recomputes the
+    activation (3I)."""
+    h, q, kv, i = shape.hidden, shape.q_dim, shape.kv_dim, shape.intermediate
+    return 4 * h + 2 * q + 2 * kv + 3 * i if compiled else 8 * h + 2 * q + 2 * kv + 4 * i
+
+
+def output_layer_bytes(shape: DecoderShape, tokens: int, value: int, fused: bool) -> int:
+    """The most the output layer's log-probs hold at once for a micro-batch of `tokens`
+    (`rlft.pipeline.token_logprobs`).  Up to PLAIN_MAX_ELEMENTS logits the plain way: the fp32
+    log-softmax over the whole vocabulary kept for backward, the fp32 gradient flowing into it and
+    the one it gives (12 bytes a logit, in backward).  Beyond, chunks: the fp32 sum of the weight's
+    gradient with its cast to the model's dtype, and one chunk's logits, probabilities and gradient
+    (12 bytes a logit of CHUNK_ELEMENTS; fused: logits and gradient in the model's dtype, FUSED_CHUNK_BYTES each)."""
+    from rlft.pipeline.token_logprobs import CHUNK_ELEMENTS, FUSED_CHUNK_BYTES, PLAIN_MAX_ELEMENTS
+
+    if tokens * shape.vocab <= PLAIN_MAX_ELEMENTS:
+        return 12 * tokens * shape.vocab
+    chunk = 2 * FUSED_CHUNK_BYTES if fused else 12 * CHUNK_ELEMENTS
+    return (4 + value) * shape.vocab * shape.hidden + chunk
+
+
+# Without it the terms above came to between 1.0 GiB below and 0.2 GiB above the train-phase peaks
+# measured (torch's max allocated; the states counted as in `policy_train_gib`): W-big compiled 45.9
+# against 46.9 GiB (H100), the 1.5B shape with grpo_instruct_1gpu.yaml 58.4 against 58.2 (H200), the
+# 0.5B with it 31.4 against 32.5 and with grpo_distill_1gpu.yaml's teacher 34.7 against 35.8 (H100).
+# What they leave out (the output layer's weight-gradient products, cuBLAS workspaces, kernels'
+# scratch) is covered by this share of the activation terms more (2.1-3.4 GiB in those runs: estimates
+# 1.03-1.06 x the peaks).
+ACTIVATION_MARGIN = 0.10
+
+
+def train_activation_gib(cfg: RunConfig, shape: DecoderShape, tokens_per_sequence: int, policy_dtype: torch.dtype) -> float:
+    """The train phase's activations on a policy rank at their worst (GiB, `ACTIVATION_MARGIN` included):
+    a micro-batch of up to `optim.micro_batch_tokens` tokens (a longer sequence alone), or
+    `optim.train_micro_batch_size` sequences of `tokens_per_sequence` (the longest prompt and the
+    response budget), through this stage's share of the decoder layers with as many micro-batches in
+    flight as the pipeline has stages (`layer_values_per_token`; with activation checkpointing one
+    hidden state a layer and one layer's activations recomputed), the final norm, and the output layer
+    (`output_layer_bytes`).  The worst micro-batch is the largest, or the largest that still takes the
+    output layer's plain way, whose fp32 log-softmax outweighs the chunks' few hundred MiB."""
+    from rlft.pipeline.token_logprobs import PLAIN_MAX_ELEMENTS
+
+    o, m, stages = cfg.optim, cfg.model, cfg.topology.pipeline_stages
+    longest = max(o.micro_batch_tokens, tokens_per_sequence) if o.micro_batch_tokens else \
+        o.train_micro_batch_size * tokens_per_sequence
+    value = 2 if policy_dtype == torch.bfloat16 else 4
+    kept = stages * -(-shape.layers // stages)  # this stage's layers x the micro-batches in flight
+    full = layer_values_per_token(shape, m.compile_layers)
+    per_token = (kept * shape.hidden + full if m.activation_checkpointing else kept * full) + 4 * shape.hidden
+
+    def peak(tokens: int) -> int:
+        return tokens * per_token * value + output_layer_bytes(shape, tokens, value, m.compile_layers)
+
+    worst = max(peak(longest), peak(min(longest, PLAIN_MAX_ELEMENTS // shape.vocab)))
+    return worst * (1 + ACTIVATION_MARGIN) / 2**30
+
+
+# The policy's states under DeepSpeed's ZeRO stage 1 (ds_configs/pipeline_*.json;
+# deepspeed/runtime/zero/stage_1_and_2.py), in bytes a trained parameter beside its weights (2 in
+# bf16, 4 in fp32): the optimizer's fp32 master copy (4) and Adam's two fp32 moments (8), resident
+# from the first step on.  The gradients (in the weights' dtype) are held through every backward.
+MASTER_AND_MOMENTS_BYTES = 12
+# DeepSpeed's gradient bucket (its default reduce_bucket_size, which the shipped configs leave), in the
+# weights' dtype: 0.93 GiB in bf16, held from the first backward on (the sample phase's floor rose by
+# 0.99-1.06 GiB over the weights and optimizer states after the first step, at 0.5B and 1.5B alike).
+REDUCE_BUCKET_VALUES = 500_000_000
+
+
+def policy_train_gib(cfg: RunConfig, params: int, policy_dtype: torch.dtype,
+                     adapter_params: int | None = None) -> tuple[float, float]:
+    """The policy's states (GiB) at the train phase's two peaks, without activations: through the
+    backward passes (weights, fp32 master copy, Adam's moments, gradients, DeepSpeed's bucket), and in
+    the optimizer step, where the gradients are flattened (a copy) and cast to fp32 while the
+    per-parameter ones are still held, and then, those freed, the update guard
+    (`optim.divergence_factor` > 0) copies the fp32 weights and both moments beside the fp32 gradient
+    while AdamW steps.  With LoRA (`adapter_params`) the base weights are frozen: weights alone."""
+    w = 2 if policy_dtype == torch.bfloat16 else 4
+    trained = params if adapter_params is None else adapter_params
+    held = params * w + (0 if adapter_params is None else adapter_params * w) + trained * MASTER_AND_MOMENTS_BYTES
+    bucket = REDUCE_BUCKET_VALUES * w
+    guard = GUARD_BYTES_PER_TRAINED_PARAM if cfg.optim.divergence_factor > 0 else 0
+    cast = 2 * w + (4 if w != 4 else 0)  # gradients, their flat copy, its fp32 cast (none when already fp32)
+    backward = held + trained * w + bucket
+    step = held + bucket + trained * max(cast, 4 + guard)
+    return backward / 2**30, step / 2**30
+
+
+def train_peak_gib(cfg: RunConfig, model_path: str, tokens_per_sequence: int, policy_dtype: torch.dtype,
+                   plan: dict[str, float]) -> float:
+    """The train phase's estimated peak of allocated memory on the rank of `plan` (GiB): the larger of the
+    backward passes' (the policy's states and `train_activation_gib`) and the optimizer step's
+    (`policy_train_gib`), with the frozen models the rank holds (`plan`'s reference and teacher)."""
     from rlft.models.loading import load_hf_config
 
-    c = load_hf_config(model_path)
-    c = getattr(c, "text_config", None) or c
-    o, stages = cfg.optim, cfg.topology.pipeline_stages
-    tokens = o.micro_batch_tokens or o.train_micro_batch_size * tokens_per_sequence
-    value = 2 if policy_dtype == torch.bfloat16 else 4
-    hidden, inter = c.hidden_size, getattr(c, "intermediate_size", None) or 4 * c.hidden_size
-    layers = -(-c.num_hidden_layers // stages)
-    per_layer = hidden * value if cfg.model.activation_checkpointing else (8 * hidden + 4 * inter) * value
-    layer_bytes = tokens * per_layer * layers * stages
-    logit_bytes = tokens * c.vocab_size * (value + 8)
-    return (layer_bytes + logit_bytes) / 2**30
+    adapters = lora_parameters(model_path, cfg.model.lora) if cfg.model.lora.enabled else None
+    backward, step = policy_train_gib(cfg, count_parameters(model_path), policy_dtype, adapters)
+    shape = DecoderShape.of(load_hf_config(model_path))
+    activations = train_activation_gib(cfg, shape, tokens_per_sequence, policy_dtype)
+    return max(backward + activations, step) + plan["reference"] + plan["teacher"]
 
 
-# The policy's caching allocator holds more than its peak of allocated memory (blocks of many sizes
-# are cached between micro-batches): an engine kept awake is suggested only with this share of the
-# train phase's peak to spare as well.
+# The policy's caching allocator needs more than its peak of allocated memory: blocks of many sizes
+# (micro-batches of different widths) are cached and split, and a large request can fail beside free
+# fragments.  Measured on an H200 with each trainer capped (`topology.gpu_memory_fraction`): at 16 %
+# above the train phase's allocated peak (18.9 GiB cap, 16.3 GiB peak) one of five runs failed for want
+# of a 1.5 GiB block (benchmarks/results/h200_2026-12-03_ablation); at 25-30 % (35 GiB, 27-28 GiB) three
+# ran through (h200_2026-12-04_lr).  An engine is kept awake only with this share of the train phase's
+# peak to spare as well.
 AWAKE_MARGIN = 0.25
 
 
