@@ -244,19 +244,19 @@ def prompt_token_limit(context: int | None, response_tokens: int, what: str = "s
 
 
 def drop_long_prompts(loaded: LoadResult, tokenizer, template: str | Prompt, max_prompt_tokens: int | None,
-                      what: str, chunk_size: int = 1024) -> LoadResult:
+                      what: str, chunk_size: int = 1024, *, lengths: list[int] | None = None) -> LoadResult:
     """`loaded` without the examples whose prompt (the question in `template`, tokenised as the
-    engines receive it) is longer than `max_prompt_tokens`: they are counted under
+    engines receive it; or `lengths`, each example's prompt tokens as measured elsewhere, e.g. an
+    environment's whole opening) is longer than `max_prompt_tokens`: they are counted under
     `skipped["prompt_too_long"]` and summarised in one warning, like broken rows.  A prompt too
     long for the model would otherwise fail the step or evaluation that draws it."""
     if max_prompt_tokens is None or not loaded.examples:
         return loaded
-    kept = []
-    for lo in range(0, len(loaded.examples), chunk_size):
-        chunk = loaded.examples[lo:lo + chunk_size]
+    if lengths is None:
         prompt = template if isinstance(template, Prompt) else Prompt(template)
-        ids = prompt.encode([ex.question for ex in chunk], tokenizer)
-        kept += [ex for ex, p in zip(chunk, ids) if len(p) <= max_prompt_tokens]
+        lengths = [len(p) for lo in range(0, len(loaded.examples), chunk_size)
+                   for p in prompt.encode([ex.question for ex in loaded.examples[lo:lo + chunk_size]], tokenizer)]
+    kept = [ex for ex, n in zip(loaded.examples, lengths, strict=True) if n <= max_prompt_tokens]
     dropped = len(loaded.examples) - len(kept)
     if not dropped:
         return loaded

@@ -8,7 +8,7 @@ the environment, :mod:`rlft.envs.traces`) and the final answer in the run's answ
 ``group_size`` episodes share their opening and a run is reproducible; after ``N`` steps no prompt does.
 Evaluations never carry it (the evaluator builds its own environment).
 
-    env = with_demonstrations(env, cfg)          # once, where the training episodes' environment is built
+    env = training_environment(cfg)              # once: environment.* built, wrapped when demonstrations anneal
     metrics = demonstration_step(env, step)      # each step, before its episodes open
 """
 from __future__ import annotations
@@ -85,6 +85,17 @@ def with_demonstrations(environment: Environment | None, cfg) -> Environment | N
     if environment is None or not DEMONSTRATION_SCHEDULES[e.demonstrations].annealed:
         return environment
     return DemonstratedEnvironment(environment, e.demonstrations, e.demonstration_steps)
+
+
+def training_environment(cfg, prompt=None) -> Environment:
+    """The environment the training episodes are played in (`environment.*`, with `prompt` or the run's):
+    the one the sampler's episodes open with, and whose openings the prompts' lengths are measured on."""
+    from rlft.data.prompts import prompt_of
+    from rlft.envs.registry import make_environment
+
+    e = cfg.environment
+    environment = make_environment(e.name, prompt if prompt is not None else prompt_of(cfg), e.options, tools=e.tools)
+    return with_demonstrations(environment, cfg)
 
 
 def demonstration_step(environment: Environment | None, step: int) -> dict:

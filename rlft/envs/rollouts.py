@@ -23,6 +23,9 @@ from rlft.engines.base import RolloutEngine, SamplingSpec
 from rlft.envs.base import Environment
 from rlft.envs.episodes import TRUNCATED, EpisodeResult, open_episodes, run_episodes
 
+# How many openings :func:`opening_lengths` renders and tokenises at a time.
+OPENING_CHUNK = 1024
+
 
 @dataclass(frozen=True)
 class RolloutRow:
@@ -79,3 +82,15 @@ def episode_budget(multi_turn: bool, max_tokens: int, max_episode_tokens: int | 
     """The tokens after the prompt an episode may hold: a multi-turn environment's
     ``max_episode_tokens`` (None: ``max_tokens``), tool replies included; a single turn's ``max_tokens``."""
     return (max_episode_tokens or max_tokens) if multi_turn else max_tokens
+
+
+def opening_lengths(environment: Environment, examples: Sequence[Example], tokenizer) -> list[int]:
+    """Each example's first-turn prompt in tokens, exactly as the engine receives it: the environment's
+    opening (its system prompt, the tools' schemas the chat template writes, a demonstration where the
+    environment shows one) through :func:`~rlft.envs.episodes.open_episodes`, the driver's own path."""
+    lengths: list[int] = []
+    for lo in range(0, len(examples), OPENING_CHUNK):
+        chunk = examples[lo:lo + OPENING_CHUNK]
+        _, ids = open_episodes(environment, [ex.question for ex in chunk], [ex.ground_truth for ex in chunk], tokenizer)
+        lengths += [len(p) for p in ids]
+    return lengths

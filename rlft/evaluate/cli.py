@@ -285,21 +285,29 @@ def prepare_engines() -> None:
 
 
 def drop_long_questions(sets: list[tuple[DataSpec, list]], tokenizer, model_path: str, template,
-                        max_tokens: int) -> tuple[list[tuple[DataSpec, list]], dict[str, int]]:
-    """Each set without the questions whose prompt leaves no room for `max_tokens` in the model's
-    positions (one warning per set says how many), and how many each lost.  Raises InputError when
-    no prompt can fit, or a set loses every question."""
+                        max_tokens: int, rollout_environment=None) -> tuple[list[tuple[DataSpec, list]], dict[str, int]]:
+    """Each set without the questions whose first-turn prompt (the opening of `rollout_environment`'s
+    environment, as its episodes open) leaves no room for `max_tokens` (a multi-turn episode's
+    `max_episode_tokens`) in the model's positions (one warning per set says how many), and how many
+    each lost.  Raises InputError when no prompt can fit, or a set loses every question."""
     from rlft.data import LoadResult
     from rlft.data.prompts import SKIP_PROMPT_TOO_LONG, drop_long_prompts, prompt_token_limit
+    from rlft.envs.rollouts import episode_budget, opening_lengths
     from rlft.models.loading import context_length
 
+    env, e = rollout_environment or (None, None)
+    episodes = env is not None and env.multi_turn and e.max_episode_tokens is not None
+    budget = episode_budget(True, max_tokens, e.max_episode_tokens) if episodes else max_tokens
     try:
-        limit = prompt_token_limit(context_length(model_path), max_tokens, "--max-tokens")
+        limit = prompt_token_limit(context_length(model_path), budget,
+                                   "environment.max_episode_tokens" if episodes else "--max-tokens")
     except ValueError as exc:
         raise InputError(_one_line(exc)) from None
     kept, skipped = [], {}
     for data, examples in sets:
-        result = drop_long_prompts(LoadResult(list(examples)), tokenizer, template, limit, f"{data.source}:{data.split}")
+        lengths = opening_lengths(env, examples, tokenizer) if env is not None and limit is not None else None
+        result = drop_long_prompts(LoadResult(list(examples)), tokenizer, template, limit, f"{data.source}:{data.split}",
+                                   lengths=lengths)
         skipped[data.label] = result.skipped.get(SKIP_PROMPT_TOO_LONG, 0)
         if not result.examples:
             raise InputError(f"data {data.source}:{data.split}: no question's prompt fits the model's positions "
@@ -348,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             args.prompt.check_tokenizer(tokenizer, args.model)
         except ValueError as exc:
             raise InputError(f"--prompt-template: {_one_line(exc)}") from None
-        sets, skipped = drop_long_questions(sets, tokenizer, model_path, args.prompt, spec.max_tokens)
+        sets, skipped = drop_long_questions(sets, tokenizer, model_path, args.prompt, spec.max_tokens, args.rollout_environment)
     except OSError as exc:  # e.g. a hub id while offline, or a directory without a tokenizer
         print(f"{PROG}: error: could not load {args.model!r}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -9,7 +9,7 @@ from rlft.data.prompts import drop_long_prompts, prompt_of
 from rlft.data.rows import load_split
 from rlft.engines.base import RolloutEngine, sampling_spec
 from rlft.envs.registry import DEFAULT_ENVIRONMENT, make_environment
-from rlft.envs.rollouts import episode_budget
+from rlft.envs.rollouts import episode_budget, opening_lengths
 from rlft.evaluate.scoring import evaluate, write_results
 
 
@@ -26,17 +26,20 @@ class Evaluator:
         d = cfg.data
         loaded = load_split(d, d.eval_split, size=d.eval_size, seed=cfg.seed)
         self.prompt = prompt_of(cfg)
-        kept = drop_long_prompts(loaded, tokenizer, self.prompt, max_prompt_tokens, f"{d.source} [{d.eval_split}]")
+        # The same episodes as training, or with `environment.evaluate_with_tools: false` one turn, no tools.
+        e = cfg.environment
+        self.environment = (make_environment(e.name, self.prompt, e.options, tools=e.tools) if e.evaluate_with_tools
+                            else make_environment(DEFAULT_ENVIRONMENT, self.prompt))
+        lengths = (opening_lengths(self.environment, loaded.examples, tokenizer)  # the whole first-turn prompt
+                   if max_prompt_tokens is not None else None)
+        kept = drop_long_prompts(loaded, tokenizer, self.prompt, max_prompt_tokens, f"{d.source} [{d.eval_split}]",
+                                 lengths=lengths)
         if not kept.examples:
             raise ConfigError(f"data.eval_split: none of the {len(loaded.examples)} evaluation rows of {d.source} "
                               f"[{d.eval_split}] has a prompt of at most {max_prompt_tokens} tokens (the model's "
                               f"positions minus the evaluation's response tokens)")
         self.examples, self.skipped = kept.examples, kept.skipped
         self.spec = sampling_spec(cfg.sampling, n=1, seed=cfg.seed, evaluation=True)
-        # The same episodes as training, or with `environment.evaluate_with_tools: false` one turn, no tools.
-        e = cfg.environment
-        self.environment = (make_environment(e.name, self.prompt, e.options, tools=e.tools) if e.evaluate_with_tools
-                            else make_environment(DEFAULT_ENVIRONMENT, self.prompt))
 
     def evaluate(self, name: str, *, progress: bool = False) -> dict:
         """Generate, grade and write OUT/eval/`name`/; returns the summary."""

@@ -15,8 +15,8 @@ from rlft.config import RunConfig
 from rlft.data import Example
 from rlft.data.prompts import prompt_of
 from rlft.engines.base import RolloutEngine, sampling_spec
-from rlft.envs.demonstrations import with_demonstrations
-from rlft.envs.registry import environment_record, make_environment
+from rlft.envs.demonstrations import training_environment
+from rlft.envs.registry import environment_record
 from rlft.envs.rollout_options import add_tool_reward
 from rlft.envs.rollouts import RolloutRow, episode_budget, play_rows
 from rlft.reward.functions import make_reward_fn
@@ -41,8 +41,7 @@ class RolloutGenerator:
                                         answer_format=cfg.reward.answer_format)
         self.prompt = prompt_of(cfg)
         e = cfg.environment
-        self.environment = make_environment(e.name, self.prompt, e.options, tools=e.tools)
-        self.environment = with_demonstrations(self.environment, cfg)  # environment.demonstrations
+        self.environment = training_environment(cfg, self.prompt)  # with environment.demonstrations
         # Whether the logs describe episodes (turns, tool calls, transcripts) or plain responses.
         self.multi_turn = environment_record(e.name).multi_turn
         self.episode_tokens = episode_budget(self.multi_turn, cfg.sampling.max_tokens, e.max_episode_tokens)

@@ -16,8 +16,9 @@ DRAWN_AHEAD, EPOCH_ENDS = "drawn_ahead", "drawn_ahead_epoch_ends"  # their keys 
 
 
 class PromptSource:
-    """The training rows whose prompt fits the model (`max_prompt_tokens`: the model's positions
-    minus the response budget; longer rows are skipped and counted), and their order."""
+    """The training rows whose first-turn prompt (the environment's whole opening) fits the model
+    (`max_prompt_tokens`: the model's positions minus the episode's budget; longer rows are skipped and
+    counted), and their order."""
 
     def __init__(self, cfg: RunConfig, tokenizer, prompts_per_step: int, *, max_prompt_tokens: int | None = None):
         d = cfg.data
@@ -25,8 +26,12 @@ class PromptSource:
             loaded = load_split(d, d.train_split, size=d.train_size, seed=cfg.seed)
         except ValueError as e:  # e.g. no usable row at all: one line, as for too few
             raise ConfigError(f"data.source: {e}") from None
-        loaded = drop_long_prompts(loaded, tokenizer, prompt_of(cfg), max_prompt_tokens,
-                                   f"{d.source} [{d.train_split}]")
+        self._lengths: dict[int, int] = {}  # a row's first-turn prompt tokens, once measured
+        if max_prompt_tokens is not None:
+            self._measure(cfg, tokenizer, loaded.examples)
+            loaded = drop_long_prompts(loaded, tokenizer, prompt_of(cfg), max_prompt_tokens,
+                                       f"{d.source} [{d.train_split}]",
+                                       lengths=[self._lengths[ex.index] for ex in loaded.examples])
         self.examples, self.skipped = loaded.examples, loaded.skipped
         if len(self.examples) < prompts_per_step:
             skipped = ", ".join(f"{k}={v}" for k, v in sorted(self.skipped.items()))
@@ -44,13 +49,22 @@ class PromptSource:
         if self.choice.learns_from_rewards:
             note_second_pass(cfg, len(self.examples), prompts_per_step)
 
-    def longest_prompt(self, tokenizer, cfg: RunConfig, chunk_size: int = 1024) -> int:
-        """The most tokens any training prompt has, as the engine receives it."""
-        prompt, longest = prompt_of(cfg), 0
-        for lo in range(0, len(self.examples), chunk_size):
-            ids = prompt.encode([ex.question for ex in self.examples[lo:lo + chunk_size]], tokenizer)
-            longest = max(longest, *(len(p) for p in ids))
-        return longest
+    def _measure(self, cfg: RunConfig, tokenizer, examples: list[Example]) -> None:
+        """Each row's first-turn prompt as the engine receives it: the training environment's opening
+        (its tools' schemas; a demonstration at the first steps, when `environment.demonstrations` anneals)."""
+        from rlft.envs.demonstrations import training_environment
+        from rlft.envs.rollouts import opening_lengths
+
+        lengths = opening_lengths(training_environment(cfg), examples, tokenizer)
+        self._lengths.update((ex.index, n) for ex, n in zip(examples, lengths))
+
+    def longest_prompt(self, tokenizer, cfg: RunConfig) -> int:
+        """The most tokens any training prompt has, as the engine receives it on an episode's first turn
+        (the environment's whole opening: `rlft.envs.rollouts.opening_lengths`)."""
+        missing = [ex for ex in self.examples if ex.index not in self._lengths]
+        if missing:
+            self._measure(cfg, tokenizer, missing)
+        return max(self._lengths[ex.index] for ex in self.examples)
 
     @property
     def per_step(self) -> int:
