@@ -8,6 +8,7 @@ import pytest
 
 from conftest import GSM8K_FIXTURE
 from rlft.engines.hf_engine import HFEngine
+from test_preflight import TINY, accepted, refusal
 
 CALCULATOR = [f"data.source={GSM8K_FIXTURE}", "environment.name=calculator", "data.prompt_template=chat",
               "reward.answer_format=boxed"]
@@ -81,3 +82,26 @@ def test_the_longest_prompt_is_the_first_turn_prompt_the_engine_receives(tool_mo
     assert with_tool - len(prompt_of(cfg).encode([q], tok)[0]) == longest["none"] - plain > 10
     assert longest["annealed"] - longest["none"] == len(driver_environment(cfg).open(q, "0").token_ids(tok)) - with_tool
 
+
+def test_a_run_whose_first_turn_prompt_and_budget_overflow_the_model_is_refused(tool_model, tok, tmp_path, capsys):
+    from rlft.config import load_config
+    from rlft.runtime.build import prompt_limit
+
+    common = [f"output.dir={tmp_path / 'out'}", f"model.path={tool_model}", *CALCULATOR, "sampling.max_tokens=64",
+              "environment.demonstrations=annealed", "environment.demonstration_steps=4"]
+    opening = len(driver_environment(load_config(TINY, common)).open("", "").token_ids(tok))
+    assert 200 < opening < 1000
+    room = 2048 - opening
+    assert refusal(capsys, *common, f"environment.max_episode_tokens={room + 1}") == (
+        f"environment.max_episode_tokens: the first-turn prompt takes at least {opening} tokens (environment "
+        f"calculator's opening with its demonstration, before any question) and environment.max_episode_tokens "
+        f"{room + 1} more: 2049 > the model's 2048 positions; lower environment.max_episode_tokens to at most {room} "
+        f"minus the question's tokens")
+    accepted(capsys, *common, f"environment.max_episode_tokens={room}")
+    assert refusal(capsys, *common, "environment.max_episode_tokens=2048") == (
+        "environment.max_episode_tokens: 2048 response tokens leave no room for a prompt in the model's 2048 positions")
+    # On the ranks, the prompts' limit leaves the episode's whole budget.
+    ranks = [*common, "sampling.backend=hf"]
+    assert prompt_limit(load_config(TINY, [*ranks, "environment.max_episode_tokens=1500"]), tool_model,
+                        evaluation=False) == 2048 - 1500
+    assert prompt_limit(load_config(TINY, ranks), tool_model, evaluation=False) == 2048 - 64

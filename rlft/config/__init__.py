@@ -12,6 +12,7 @@
                      it, its builder, where a rank keeps it); build_roles and the checks read them
     preflight.py     what can be refused before any rank starts (model path, init checkpoint, data)
     learnable.py     runs that would learn nothing: a reward.fn blind to the answer, a token budget below any answer
+    context_budget.py  an episode's budget after its prompt; no first-turn prompt (the environment's opening) fits
     inputs.py        the run's inputs at launch: data splits and files, the environment, model files, W&B
     hub_cache.py     whether a hub id is cached or to be had from the hub (standard library only)
     start_model.py   output.init_checkpoint: refused, with the SFT config that makes it, when missing

@@ -24,6 +24,7 @@ from rlft.models.loading import DEFAULT_MODEL, ModelPathError, check_model_dir, 
 from rlft.config.model_family import check_model_family
 from rlft.config.start_model import check_init_checkpoint
 from rlft.config.distill_checks import check_same_tokenizer
+from rlft.config.context_budget import check_first_turn_fits
 from rlft.config.learnable import check_answer_budget, check_prompt_asks_for_the_format, check_reward_fn
 from rlft.config.inputs import (check_data_source, check_environment_builds, check_gguf_file, check_model_files,
                                 check_output_dir, check_sft_examples, check_trackers)
@@ -196,6 +197,7 @@ def preflight(cfg: RunConfig, module: str | None) -> None:
         check_sft_examples(cfg)
     if module == "rlft.train_grpo":  # a run that would exit 0 having learnt nothing (rlft/config/learnable.py)
         check_answer_budget(cfg, local_model_dir(cfg.output.init_checkpoint or cfg.model.path))
+        check_first_turn_fits(cfg, local_model_dir(cfg.output.init_checkpoint or cfg.model.path))
         check_reward_fn(cfg)
         check_prompt_asks_for_the_format(cfg)
     check_training_rows(cfg, module)

@@ -324,7 +324,7 @@ def load_hf_config(path: str, cache_dir: str | None = None) -> Any:
 
 
 # Where HF configs keep the longest sequence the model takes, most common first.
-_CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len")
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len")
 
 
 def context_length(path: str, max_model_len: int | None = None) -> int | None:
@@ -333,7 +333,7 @@ def context_length(path: str, max_model_len: int | None = None) -> int | None:
     neither says."""
     config = load_hf_config(path)
     config = getattr(config, "text_config", None) or config
-    found = next((v for v in (getattr(config, f, None) for f in _CONTEXT_FIELDS) if isinstance(v, int) and v > 0),
+    found = next((v for v in (getattr(config, f, None) for f in CONTEXT_FIELDS) if isinstance(v, int) and v > 0),
                  None)
     limits = [v for v in (found, max_model_len) if v]
     return min(limits) if limits else None

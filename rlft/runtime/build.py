@@ -178,18 +178,15 @@ def check_prompt_fits_tokenizer(ctx: RankContext) -> None:
 
 
 def prompt_limit(cfg: RunConfig, model_path: str, *, evaluation: bool) -> int | None:
-    """The longest prompt that leaves room for the response budget (`sampling.max_tokens`, or the
-    evaluation's) in the model's positions and those the engine's settings allow (its record's
-    `context_limit`)."""
+    """The longest first-turn prompt that leaves room for the response budget in the model's positions
+    and those the engine's settings allow (its record's `context_limit`): `sampling.max_tokens` (or the
+    evaluation's), a multi-turn episode's whole budget (`rlft.config.context_budget.episode_budget_of`)."""
+    from rlft.config.context_budget import episode_budget_of
     from rlft.data.prompts import prompt_token_limit
     from rlft.engines import backend_record
     from rlft.models.loading import context_length
 
-    s = cfg.sampling
-    if evaluation and s.eval_max_tokens is not None:
-        budget, what = s.eval_max_tokens, "sampling.eval_max_tokens"
-    else:
-        budget, what = s.max_tokens, "sampling.max_tokens"
+    budget, what = episode_budget_of(cfg, evaluation=evaluation)
     try:
         return prompt_token_limit(context_length(model_path, backend_record(cfg).context_limit(cfg)), budget, what)
     except ValueError as e:
