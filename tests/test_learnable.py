@@ -81,7 +81,7 @@ def test_a_token_budget_that_cannot_hold_an_answer(tmp_path, common, capsys):
     qwen = Path(qwen_tokenizer_dir())
     model = fake_model(tmp_path / "qwen")
     (model / "tokenizer.json").write_bytes((qwen / "tokenizer.json").read_bytes())
-    with_tokenizer = [*common, f"model.path={model}"]
+    with_tokenizer = [common[0], f"model.path={model}", *common[2:]]
     assert refusal(capsys, *with_tokenizer, "sampling.max_tokens=7").startswith(
         "sampling.max_tokens: 7 tokens cannot hold an answer: the shortest well-formed answer of reward.answer_format "
         "r1_tags, '</think> <answer>7</answer>', takes 8 tokens with the model's tokenizer")  # </think>, Ġ<, answer, >, 7, </, answer, >
