@@ -58,16 +58,16 @@ def setup(tmp_path_factory):
                        "schedule.save_every=0", "schedule.steps=2", "data.shuffle=false")}
 
 
-def left_behind(out: Path) -> list[psutil.Process]:
-    """The launch's processes still alive (any process whose command line names its output directory)."""
-    alive = []
-    for p in psutil.process_iter(["cmdline", "status"]):
+def alive(processes: dict[int, psutil.Process]) -> list[str]:
+    """The command lines of those of ``processes`` still running (a zombie waits only for its parent)."""
+    left = []
+    for p in processes.values():
         try:
-            if f"output.dir={out}" in " ".join(p.info["cmdline"] or ()) and p.info["status"] != psutil.STATUS_ZOMBIE:
-                alive.append(p)
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(" ".join(p.cmdline())[:200])
         except psutil.Error:
             pass
-    return alive
+    return left
 
 
 def launch_until_it_fails(setup, name: str, *overrides: str) -> tuple[int, str, float, float]:
@@ -82,16 +82,20 @@ def launch_until_it_fails(setup, name: str, *overrides: str) -> tuple[int, str, 
         proc = subprocess.Popen(["bash", str(REPO / "launch" / "train.sh"), str(CONFIG), *setup["common"],
                                  f"output.dir={out}", *overrides], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                                 stderr=err, start_new_session=True)
-    failed_at = None
+    failed_at, seen = None, {}
     try:
         while proc.poll() is None:
+            try:  # every process of the launch (the ranks, the grader's workers, ...), remembered once seen
+                seen.update((p.pid, p) for p in psutil.Process(proc.pid).children(recursive=True))
+            except psutil.Error:
+                pass
             if failed_at is None and re.search(r"rlft: rank \d \(.*\) failed", err_path.read_text(errors="replace")):
                 failed_at = time.monotonic()
             assert time.monotonic() - t0 < 400, err_path.read_text(errors="replace")[-4000:]
             time.sleep(0.2)
         end = time.monotonic()
         stderr = err_path.read_text(errors="replace")
-        assert not left_behind(out), [p.info["cmdline"] for p in left_behind(out)]
+        assert len(seen) >= 5 and not alive(seen), alive(seen)  # the ranks and more were seen; none is left
         return proc.returncode, stderr, end - t0, end - (failed_at or end)
     finally:
         if proc.poll() is None:
