@@ -14,7 +14,7 @@
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here/.."
-grpo_dir() {  # runs/demo/grpo, or where an output.dir= argument sends the GRPO stage (the last one wins)
+grpo_dir() {  # runs/demo/grpo, or where an output.dir= argument sends the GRPO stage (given twice, it refuses)
   local dir=runs/demo/grpo arg
   for arg in "$@"; do case "$arg" in output.dir=*) dir="${arg#output.dir=}" ;; esac; done
   echo "$dir"

@@ -1,6 +1,6 @@
 """Small rules several modules share, each written once: the run's logger, what a hub id looks like,
 the engines' finish reasons, dtype names and the one dtype rule, a free TCP port, a whole line on
-stderr, and the object a ``"module:attribute"`` setting names.  Nothing here imports torch at module level."""
+stderr, a question quoted in it, and the object a ``"module:attribute"`` setting names.  Nothing here imports torch at module level."""
 from __future__ import annotations
 
 import importlib
@@ -137,6 +137,13 @@ def say_line(line: str) -> None:
         return
     while data:
         data = data[os.write(fd, data):]
+
+
+def quoted(text: Any, limit: int = 80) -> str:
+    """``text`` on one line (whitespace collapsed), cut to ``limit`` characters plus ``...``, in quotes:
+    how a one-line message names a question or a value of the user's."""
+    text = " ".join(str(text).split())
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 # ---------------------------------------------------------------- "module:attribute" settings

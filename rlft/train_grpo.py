@@ -14,7 +14,6 @@ its roles own (rlft/roles/) and exchanging the results over the bridge:
 """
 from __future__ import annotations
 
-from rlft.config import load_config_or_exit
 from rlft.objectives import GRPOObjective
 from rlft.runtime.build import build_roles
 from rlft.runtime.checkpoint import resume_checkpoint
@@ -22,7 +21,7 @@ from rlft.runtime.context import RankContext
 from rlft.runtime.entry import check_init_checkpoint, finished_output, resolve_start_model, write_resolved_config
 from rlft.runtime.run_eval import evaluate_existing, run_evaluation
 from rlft.runtime.loop import close_tracker, evaluates, open_tracker, report, run_steps
-from rlft.runtime.rank import parse_run_args, run_rank
+from rlft.runtime.rank import load_run_config, parse_run_args, run_rank
 from rlft.runtime.sync import sync_weights
 
 
@@ -130,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_run_args("rlft.train_grpo", __doc__.split("\n")[0], argv,
                           config_help="YAML config (see launch/configs/)",
                           overrides_help="dotted overrides, e.g. optim.lr=2e-6")
-    run_rank(load_config_or_exit(args.config, args.overrides), run, launcher="launch/train.sh")
+    run_rank(load_run_config(args), run, launcher="launch/train.sh")
 
 
 if __name__ == "__main__":

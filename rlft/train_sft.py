@@ -21,7 +21,7 @@ config and the "already trained" rule read it from one place.
 from __future__ import annotations
 
 from rlft.common import say_line
-from rlft.config import ConfigError, RunConfig, load_config_or_exit
+from rlft.config import ConfigError, RunConfig
 from rlft.objectives import SFTObjective
 from rlft.roles.sft_data import SFTFeeder
 from rlft.runtime.build import agree_on_config_error, build_roles
@@ -30,7 +30,7 @@ from rlft.runtime.context import RankContext
 from rlft.runtime.entry import finished_output, resolve_start_model, write_resolved_config
 from rlft.runtime.run_eval import evaluate_existing, run_evaluation
 from rlft.runtime.loop import close_tracker, evaluates, open_tracker, report, run_steps
-from rlft.runtime.rank import parse_run_args, run_rank
+from rlft.runtime.rank import load_run_config, parse_run_args, run_rank
 from rlft.runtime.sync import sync_weights
 from rlft.config.topology import RankRoles
 
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_run_args("rlft.train_sft", __doc__.split("\n")[0], argv, check_config=True,
                           config_help="YAML config (see launch/configs/sft_*.yaml)",
                           overrides_help="dotted overrides, e.g. sft.epochs=2 optim.lr=1e-5")
-    cfg = load_config_or_exit(args.config, args.overrides)
+    cfg = load_run_config(args)
     try:
         check_sft_config(cfg)
     except ConfigError as e:

@@ -78,6 +78,15 @@ def teach_answer_format(model_dir: str | Path, prompts: list[str], answers: list
     model.save_pretrained(model_dir)
 
 
+def layered(*overrides: str) -> list[str]:
+    """``key=value`` overrides with a later one replacing an earlier one of the same key, in the first one's
+    place: a test's defaults, then one launch's own settings (the launch scripts refuse a key given twice)."""
+    last: dict[str, str] = {}
+    for text in overrides:
+        last[text.split("=", 1)[0].strip()] = text
+    return list(last.values())
+
+
 def write_gsm8k_dir(path: Path, splits: dict[str, list[tuple[str, str]]]) -> Path:
     """A local GSM8K-layout directory: {split}.jsonl with question / answer (`... #### N`)."""
     path.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import layered
+
 from rlft.batching.batch import Labels, RolloutBatch
 from rlft.config import ConfigError, build_config, config_warnings
 from rlft.grpo.distillation import distill_weight, sequence_correlation, token_advantages
@@ -212,7 +214,7 @@ def student_and_teacher(tmp_path_factory):
 
 def _launch(out: Path, student: Path, data: Path, *overrides: str) -> list[dict]:
     res = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(CONFIG), f"model.path={student}",
-                          f"data.source={data}", f"output.dir={out}", *ARM_OVERRIDES, *overrides],
+                          f"data.source={data}", f"output.dir={out}", *layered(*ARM_OVERRIDES, *overrides)],
                          cwd=REPO, env=dict(os.environ, RLFT_PROGRESS="0"), capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]

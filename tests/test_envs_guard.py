@@ -35,7 +35,8 @@ class Slow(Environment):
         return EpisodeStart(messages=tuple(self.prompt.chat_messages(question)), state={"turns": 0})
 
     def step(self, state, text):
-        state["turns"] += 1
+        if state is not None:
+            state["turns"] += 1
         if "hang" in text:
             threading.Event().wait()
         if "big" in text:
@@ -69,6 +70,20 @@ def test_a_step_that_never_returns_fails_in_time_naming_environment_question_and
     assert "rank 3" in message and "did not return within 0.5 s" in message
     assert "environment.step_timeout_s" in message
     assert env.step(copy.deepcopy(start.state), "fine") == StepResult.end(reward=1.0)
+
+
+def test_a_step_on_a_state_that_cannot_carry_the_question_names_the_drivers(slow_env):
+    # A state of None (a single-turn environment's) carries nothing: the rollout driver names the episode's
+    # question around each step (rlft.envs.episodes), and the message quotes it, cut to 80 characters.
+    from rlft.envs.guard import asking
+
+    env = make_environment(slow_env, Prompt("chat"))
+    long_question = QUESTION + " " + "And then? " * 10
+    with asking(long_question), pytest.raises(EnvironmentCallError) as info:
+        env.step(None, "hang</ask>")
+    assert f"step() (question '{long_question[:80]}...', rank 3) did not return within 0.5 s" in str(info.value)
+    with pytest.raises(EnvironmentCallError, match=r"step\(\) \(question unknown, rank 3\)"):
+        env.step(None, "hang</ask>")
 
 
 def test_an_open_that_never_returns_fails_in_time(slow_env):

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -239,7 +240,7 @@ def test_rank_entry_script_runs_a_module(tmp_path):
     (["node-0 slots=8", "node-1 slots=8"], ["topology.launcher=no_ssh", "topology.master_addr=n0"],
      "topology.node_rank: required with topology.launcher=no_ssh; start one launch on every node with "
      "topology.node_rank=0 .. 1"),
-    (["node-0 slots=8", "node-1 slots=8"], ["output.hostfile=null"],
+    (None, ["output.hostfile=null"],
      "output.hostfile: required when topology.nodes > 1 (one line per node: 'HOST slots=RANKS')"),
 ])
 def test_impossible_multinode_launches_are_refused(tmp_path, lines, overrides, message):
@@ -299,8 +300,9 @@ def test_runs_that_cannot_start_or_learn_are_refused_by_the_plan(tmp_path, capsy
     from rlft.config.launch_plan import main
 
     out = tmp_path / "out"
-    args = ["--module", "rlft.train_grpo", "--config", str(TINY), f"output.dir={out}",
-            f"model.path={local_model(tmp_path)}", "data.source=tests/fixtures/gsm8k"]
+    model = [] if any(o.startswith("model.path=") for o in overrides) else [f"model.path={local_model(tmp_path)}"]
+    args = ["--module", "rlft.train_grpo", "--config", str(TINY), f"output.dir={out}", *model,
+            "data.source=tests/fixtures/gsm8k"]
     with pytest.raises(SystemExit) as info:
         main(args + [o.format(tmp=tmp_path) for o in overrides])
     assert info.value.code == 2
@@ -328,6 +330,28 @@ def test_train_sh_refuses_before_any_rank_starts(tmp_path):
     (line,) = res.stderr.splitlines()
     assert line.startswith("rlft: config error: grpo.group_size: 1 with grpo.loss_type grpo_clip")
     assert not out.exists()
+
+
+def test_an_override_given_twice_is_refused_before_any_rank_starts(tmp_path):
+    # Before, `train.sh CONFIG optim.lr=1e-5 optim.lr=2e-5` trained at 2e-5 and said nothing.
+    out, model = tmp_path / "out", local_model(tmp_path)
+    t0 = time.monotonic()
+    res = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(TINY), f"output.dir={out}",
+                          f"model.path={model}", "optim.lr=1e-5", "schedule.steps=2", "optim.lr=2e-5"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert (res.returncode, res.stderr.splitlines()) == (2, [
+        "rlft: config error: optim.lr: given twice on the command line, as '1e-5' and as '2e-5' (only the last "
+        "would count): keep one"])
+    assert time.monotonic() - t0 < 60 and not out.exists()
+    # A whole section after one of its keys would drop that key; the same value twice loses nothing; a
+    # program layering its own overrides (load_config) may still repeat a key.
+    from rlft.config.loading import refuse_repeated
+
+    with pytest.raises(ConfigError, match=r"^environment.options: given as '\{y: 2\}' after environment.options.x='1', "
+                                          r"which it would replace \(only the last would count\): keep one$"):
+        refuse_repeated(["environment.options.x=1", "environment.options={y: 2}"])
+    refuse_repeated(["optim.lr=1e-5", "optim.lr= 1e-5", "environment.options={y: 2}", "environment.options.x=1"])
+    assert load_config(TINY, ["optim.lr=1e-5", "optim.lr=2e-5"]).optim.lr == 2e-5
 
 
 def test_the_plan_refuses_a_fresh_run_in_a_used_directory(tmp_path, capsys):
@@ -388,7 +412,7 @@ def test_the_eval_scripts_examples_name_where_a_run_writes_its_model():
 
 def test_demo_curve_step_reads_where_the_grpo_stage_writes():
     # launch/demo.sh passes its arguments to the GRPO stage; its curve step must read the directory
-    # that stage wrote: the config's output.dir, or the last output.dir= argument.
+    # that stage wrote: the config's output.dir, or the output.dir= argument (given twice, the stage refuses it).
     def grpo_dir(*args: str) -> str:
         res = subprocess.run(["bash", str(REPO / "launch" / "demo.sh"), "--grpo-dir", *args], cwd=REPO,
                              capture_output=True, text=True, timeout=30)
@@ -397,4 +421,4 @@ def test_demo_curve_step_reads_where_the_grpo_stage_writes():
 
     assert grpo_dir() == load_config(CONFIGS / "grpo_cpu_demo.yaml").output.dir == "runs/demo/grpo"
     assert grpo_dir("schedule.steps=2") == "runs/demo/grpo"
-    assert grpo_dir("output.dir=runs/a", "optim.lr=1e-6", "output.dir=runs/my demo") == "runs/my demo"
+    assert grpo_dir("optim.lr=1e-6", "output.dir=runs/my demo") == "runs/my demo"

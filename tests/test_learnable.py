@@ -11,7 +11,11 @@ import pytest
 from test_preflight import GSM8K, accepted, fake_model, refusal
 
 REWARDS = '''
+import threading
 import time
+
+def never(response, ground_truth):
+    threading.Event().wait()
 
 def constant(response, ground_truth):
     return 1.0
@@ -37,7 +41,8 @@ def common(tmp_path, monkeypatch):
 
 
 def test_a_reward_fn_that_cannot_tell_right_from_wrong(common, capsys):
-    row = "on the training row 'Natalia sold clips to 48 of her friends in April, and then s' (gold '72')"
+    # The question quoted to 80 characters, with the function's module:name.
+    row = "on the training question 'Natalia sold clips to 48 of her friends in April, and then she sold half as many...' (gold '72')"
     assert refusal(capsys, *common, "reward.fn=rlft_test_rewards:constant") == (
         f"reward.fn: rlft_test_rewards:constant gives the right answer '72' and a wrong one '73' the same reward (1) "
         f"{row}: no group would have an advantage to learn from")
@@ -48,6 +53,19 @@ def test_a_reward_fn_that_cannot_tell_right_from_wrong(common, capsys):
         "reward.fn: rlft_test_rewards:slow took 0.3 s for one response, more than reward.timeout_s (0.1)")
     accepted(capsys, *common, "reward.fn=rlft_test_rewards:right")
     accepted(capsys, *common, "reward.fn=rlft_test_rewards:slow")
+
+
+def test_a_reward_fn_that_never_returns_is_refused_within_the_probes_deadline(common, capsys, monkeypatch):
+    import time
+
+    from rlft.config import learnable
+
+    monkeypatch.setattr(learnable, "PROBE_DEADLINE_S", 0.5)
+    t0 = time.monotonic()
+    assert refusal(capsys, *common, "reward.fn=rlft_test_rewards:never") == (
+        "reward.fn: rlft_test_rewards:never did not return within 1 s on the training question 'Natalia sold clips "
+        "to 48 of her friends in April, and then she sold half as many...' (gold '72')")
+    assert time.monotonic() - t0 < 10
 
 
 def test_a_token_budget_that_cannot_hold_an_answer(tmp_path, common, capsys):
@@ -63,7 +81,7 @@ def test_a_token_budget_that_cannot_hold_an_answer(tmp_path, common, capsys):
     qwen = Path(qwen_tokenizer_dir())
     model = fake_model(tmp_path / "qwen")
     (model / "tokenizer.json").write_bytes((qwen / "tokenizer.json").read_bytes())
-    with_tokenizer = [*common, f"model.path={model}"]
+    with_tokenizer = [common[0], f"model.path={model}", *common[2:]]
     assert refusal(capsys, *with_tokenizer, "sampling.max_tokens=7").startswith(
         "sampling.max_tokens: 7 tokens cannot hold an answer: the shortest well-formed answer of reward.answer_format "
         "r1_tags, '</think> <answer>7</answer>', takes 8 tokens with the model's tokenizer")  # </think>, Ġ<, answer, >, 7, </, answer, >

@@ -232,6 +232,46 @@ def test_sft_is_told_that_it_draws_uniformly():
     assert not any("SFT" in w for w in config_warnings(cfg, rollouts=True))
 
 
+@pytest.mark.timeout(120)
+def test_a_prompt_order_that_fails_or_hands_out_no_positions_stops_in_one_line(monkeypatch):
+    # A plugin's order: before, an empty batch had the step draw for ever, a negative position drew a row
+    # from the end of the data, and an exception named nothing of data.sampler.
+    from rlft.data.prompt_samplers import PromptSamplerError, SamplerChoice, register_prompt_sampler
+
+    class Broken(PromptSampler):
+        def __init__(self, n, batch, seed, hands_out):
+            super().__init__(n, batch, seed)
+            self.hands_out = hands_out
+
+        def next_batch(self):
+            if self.hands_out == "raise":
+                raise KeyError("pool")
+            return self.hands_out
+
+    monkeypatch.setenv("RANK", "3")
+    base = [f"data.source={GSM8K}", "data.train_size=10", "data.sampler=_test_broken"]
+    cases = [([], "[]"), ([1, -2, 3], "[1, -2, 3]"), ([1, 2, 10], "[1, 2, 10]"), (None, "None"), ("raise", None)]
+    try:
+        for hands_out, shown in cases:
+            PROMPT_SAMPLERS.pop("_test_broken", None)
+            register_prompt_sampler(SamplerChoice("_test_broken", learns_from_rewards=False, description="broken",
+                                                  build=lambda n, batch, seed, data: Broken(n, batch, seed, hands_out)))
+            source = PromptSource(load_config(TINY, base), None, 3)
+            with pytest.raises(PromptSamplerError) as info:
+                source.next_examples()
+            expected = ("data.sampler _test_broken: next_batch() raised KeyError: 'pool' (rank 3)" if shown is None else
+                        f"data.sampler _test_broken: next_batch() returned '{shown}', not a non-empty list of prompt "
+                        f"positions in [0, 10) (rank 3)")
+            assert str(info.value) == expected
+        hands_out = (2, 0, 1)  # a tuple of positions is as good as a list
+        PROMPT_SAMPLERS.pop("_test_broken")
+        register_prompt_sampler(SamplerChoice("_test_broken", learns_from_rewards=False, description="broken",
+                                              build=lambda n, batch, seed, data: Broken(n, batch, seed, hands_out)))
+        assert [ex.index for ex in PromptSource(load_config(TINY, base), None, 3).next_examples()] == [2, 0, 1]
+    finally:
+        PROMPT_SAMPLERS.pop("_test_broken", None)
+
+
 def test_a_new_prompt_order_is_one_registered_record():
     # An order of the user's (a plugin's register_prompt_sampler call): each epoch the rows backwards.
     from rlft.data.prompt_samplers import SamplerChoice, register_prompt_sampler

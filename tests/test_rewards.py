@@ -290,6 +290,14 @@ def test_a_function_failing_on_every_call_of_a_batch_stops_the_run_naming_it(gra
         f"reward.fn {custom('misbehaves')}: every call of a batch of 3 failed (errors=2, timed_out=0, crashed=1; "
         f"reward.timeout_s bounds each call), e.g. on the ground truth '18' (rank 3): every reward would be 0; "
         f"fix the function")
+    # Given the questions (as the sampler gives them), it quotes the first, cut to 80 characters.
+    question = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many?"
+    with pytest.raises(RewardFunctionError) as err:
+        reward_fn(["raise", "raise"], ["72", "72"], [question, "another"])
+    assert str(err.value).endswith(
+        f"e.g. on the question '{question[:80]}...' (ground truth '72', rank 3): every reward would be 0; "
+        f"fix the function")
+    assert str(err.value).startswith(f"reward.fn {custom('misbehaves')}: every call of a batch of 2 failed")
     with pytest.raises(RewardFunctionError, match=r"batch of 2 failed \(errors=0, timed_out=2, crashed=0"):
         reward_fn(["spin", "spin"], ["18", "18"])
     assert [g["reward"] for g in reward_fn(["raise", "ok"], ["18", "18"])] == [0.0, 1.0]  # one failure: counted

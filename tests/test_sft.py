@@ -166,6 +166,15 @@ def test_sft_cli_refuses_a_bad_batch_before_launching(capsys):
         sft_main(["--check-config", "--config", str(shipped)])
 
 
+def test_sft_cli_refuses_an_override_given_twice(capsys):
+    # launch/sft.sh's first check: before, the last of the two silently won.
+    with pytest.raises(SystemExit) as e:
+        sft_main(["--check-config", "--config", str(TINY_CONFIG), "sft.batch_size=4", "sft.batch_size=8"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == ("rlft: config error: sft.batch_size: given twice on the command line, "
+                                               "as '4' and as '8' (only the last would count): keep one")
+
+
 def test_check_init_checkpoint(tmp_path, monkeypatch, tiny_model):
     monkeypatch.chdir(tmp_path)
     check_init_checkpoint(None)

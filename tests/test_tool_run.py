@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import layered
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "launch" / "configs" / "grpo_cpu_tiny.yaml"
 SUMS = [(3, 4), (2, 6), (5, 4), (1, 5)]
@@ -79,7 +81,7 @@ def taught(tmp_path_factory):
 def launch(model: str, data: Path, out: Path, *overrides: str) -> list[dict]:
     """``launch/train.sh`` with :data:`OVERRIDES` (then ``overrides``); the steps it logged."""
     res = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(CONFIG), f"model.path={model}",
-                          f"data.source={data}", f"output.dir={out}", *OVERRIDES, *overrides],
+                          f"data.source={data}", f"output.dir={out}", *layered(*OVERRIDES, *overrides)],
                          cwd=REPO, env=dict(os.environ, RLFT_PROGRESS="0"), capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]

@@ -61,6 +61,7 @@ def wrong_answer(gold: str) -> str:
 
 def check_reward_fn(cfg: RunConfig) -> None:
     """Refuse a custom ``reward.fn`` that cannot tell a right answer from a wrong one (see above)."""
+    from rlft.common import quoted
     from rlft.envs.guard import EnvironmentCallError, call_with_deadline
     from rlft.reward.formats import get_answer_format
     from rlft.reward.functions import DEFAULT_REWARD_FN
@@ -72,7 +73,7 @@ def check_reward_fn(cfg: RunConfig) -> None:
     fn, fmt = import_function(r.fn), get_answer_format(r.answer_format)
     question, gold = probe_row(cfg)
     wrong = wrong_answer(gold)
-    where = f"on the training row {' '.join(question.split())[:60]!r} (gold {gold!r})"
+    where = f"on the training question {quoted(question)} (gold {gold!r})"
     rewards = {}
     for label, answer in (("right", gold), ("wrong", wrong)):
         response = fmt.sft_target("Let me work it out.", answer, False)

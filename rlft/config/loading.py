@@ -227,6 +227,25 @@ def build_config(data: dict | None = None, overrides: list[str] | tuple[str, ...
     return validate(cfg)
 
 
+def refuse_repeated(overrides) -> None:
+    """ConfigError naming the key and both values when two overrides set one key to different values, or
+    a later one sets a whole section an earlier one set a key of: only the last would count, silently.
+    The command lines check it (:func:`load_config_or_exit`); a program layering its own overrides over
+    defaults (:func:`load_config`) may repeat a key on purpose."""
+    given: dict[str, str] = {}
+    for text in overrides:
+        keys, _ = _parse_override(text)
+        key, raw = ".".join(keys), text.split("=", 1)[1].strip()
+        if key in given and given[key] != raw:
+            raise ConfigError(f"{key}: given twice on the command line, as {given[key]!r} and as {raw!r} (only the "
+                              f"last would count): keep one")
+        inner = next((k for k in given if k.startswith(key + ".")), None)
+        if inner is not None:
+            raise ConfigError(f"{key}: given as {raw!r} after {inner}={given[inner]!r}, which it would replace "
+                              f"(only the last would count): keep one")
+        given[key] = raw
+
+
 def _load_plugins_first(data: dict, overrides) -> None:
     """Import the config's plugins (the file's, or an override's) before anything is built: the
     engines they register bring their settings sections (`sampling.<name>`)."""
@@ -293,9 +312,13 @@ def save_config(cfg: RunConfig, path: str | Path) -> None:
     tmp.replace(p)
 
 
-def load_config_or_exit(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """For command-line entry points: one clear line and exit status 2 on any config mistake."""
+def load_config_or_exit(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (), *,
+                        once: bool = True) -> RunConfig:
+    """For command-line entry points: one clear line and exit status 2 on any config mistake, a key
+    given twice with different values included (``once``; see :func:`refuse_repeated`)."""
     try:
+        if once:
+            refuse_repeated(overrides)
         return load_config(path, overrides)
     except ConfigError as e:
         say_line(f"rlft: config error: {e}")

@@ -19,8 +19,10 @@ A new order is one record in :data:`PROMPT_SAMPLERS` (torch-free: the config che
 """
 from __future__ import annotations
 
-from rlft.common import add_record
+from rlft.common import add_record, quoted
 
+import operator
+import os
 import random
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -272,6 +274,29 @@ PROMPT_SAMPLERS: dict[str, SamplerChoice] = {c.name: c for c in (
     SamplerChoice("difficulty", learns_from_rewards=True, build=_difficulty,
                   description="always-solved and never-solved prompts rest, by the rollouts' pass rates"),
 )}
+
+
+class PromptSamplerError(RuntimeError):
+    """A ``data.sampler`` whose ``next_batch`` raised or handed out something other than prompt positions."""
+
+
+def checked_batch(name: str, next_batch: Callable[[], Any], num_examples: int) -> list[int]:
+    """``next_batch()`` of the order ``name``, checked: a non-empty list of positions in ``[0, num_examples)``.
+    Else :class:`PromptSamplerError`, one line naming ``data.sampler`` and the rank: a plugin's order that
+    raised, or whose empty batch would have the step wait for ever, or whose negative position would
+    silently draw a row from the end."""
+    rank = f"rank {os.environ.get('RANK', '0')}"
+    try:
+        batch = next_batch()
+    except Exception as err:
+        raise PromptSamplerError(f"data.sampler {name}: next_batch() raised {type(err).__name__}: "
+                                 f"{' '.join(str(err).split())[:200]} ({rank})") from err
+    if not (isinstance(batch, (list, tuple)) and batch and all(
+            not isinstance(i, bool) and hasattr(type(i), "__index__") and 0 <= operator.index(i) < num_examples
+            for i in batch)):
+        raise PromptSamplerError(f"data.sampler {name}: next_batch() returned {quoted(batch)}, not a non-empty "
+                                 f"list of prompt positions in [0, {num_examples}) ({rank})")
+    return [operator.index(i) for i in batch]
 
 
 def register_prompt_sampler(choice: SamplerChoice) -> SamplerChoice:

@@ -39,6 +39,7 @@ from typing import Sequence
 
 from rlft.engines.base import Completion, RolloutEngine, SamplingSpec
 from rlft.envs.base import Environment, EpisodeStart, StepResult
+from rlft.envs.guard import asking
 
 FINISH_REASONS = ("stop", "eos", "length", "max_turns", "max_tokens")
 # Finish reasons of episodes cut short by a token cap (for the overlong filter and penalty).
@@ -126,8 +127,8 @@ def open_episodes(environment: Environment, questions: Sequence[str], ground_tru
 class _Episode:
     """One episode being played: its tokens so far and the environment's state."""
 
-    def __init__(self, start: EpisodeStart, logprobs: bool) -> None:
-        self.start = start
+    def __init__(self, start: EpisodeStart, logprobs: bool, question: str | None = None) -> None:
+        self.start, self.question = start, question
         self.state = copy.deepcopy(start.state)
         self.result = EpisodeResult(logprobs=[] if logprobs else None)
 
@@ -173,7 +174,8 @@ def _play_turn(ep: _Episode, completion: Completion, *, turn: int, spec: Samplin
     r.turns.append(text)
     r.messages.append({"role": "assistant", "content": text})
     r.num_turns, r.text = turn, text
-    result = environment.step(ep.state, text)
+    with asking(ep.question):  # the question a guarded step names when it fails
+        result = environment.step(ep.state, text)
     if not isinstance(result, StepResult):
         raise TypeError(f"{type(environment).__name__}.step returned a {type(result).__name__}, not a StepResult")
     r.tool_calls += result.tool_calls
@@ -203,7 +205,8 @@ def _play_turn(ep: _Episode, completion: Completion, *, turn: int, spec: Samplin
 
 def run_episodes(engine: RolloutEngine, prompt_token_ids: Sequence[Sequence[int]], starts: Sequence[EpisodeStart],
                  spec: SamplingSpec, tokenizer, environment: Environment, *, max_turns: int,
-                 max_episode_tokens: int, template_kwargs: dict | None = None) -> list[list[EpisodeResult]]:
+                 max_episode_tokens: int, template_kwargs: dict | None = None,
+                 questions: Sequence[str] | None = None) -> list[list[EpisodeResult]]:
     """Play ``spec.n`` episodes from each of ``B`` prompts (see the module docstring).
 
     Args:
@@ -220,6 +223,7 @@ def run_episodes(engine: RolloutEngine, prompt_token_ids: Sequence[Sequence[int]
         environment: answers each turn (``Environment.step``).
         max_turns: >= 1; ``max_episode_tokens``: >= 1, tokens after the prompt, inserted ones included.
         template_kwargs: extra ``apply_chat_template`` arguments (as used for the prompts).
+        questions: the ``B`` questions, named by an environment call that fails (optional).
     Returns:
         ``B`` lists of ``spec.n`` :class:`EpisodeResult`, in prompt order.
     """
@@ -234,7 +238,8 @@ def run_episodes(engine: RolloutEngine, prompt_token_ids: Sequence[Sequence[int]
     base = spec
     if environment.stop:  # the environment reads its stop strings in the turn's text
         base = replace(spec, stop=list(dict.fromkeys([*spec.stop, *environment.stop])), include_stop_str_in_output=True)
-    episodes = [_Episode(start, spec.logprobs) for start in starts for _ in range(n)]
+    questions = list(questions) if questions is not None else [None] * len(starts)
+    episodes = [_Episode(start, spec.logprobs, q) for start, q in zip(starts, questions) for _ in range(n)]
     prompts = [list(p) for p in prompt_token_ids for _ in range(n)]  # per episode
     live = list(range(len(episodes)))
     for turn in range(1, max_turns + 1):

@@ -12,21 +12,27 @@ instance's ``open`` and ``step`` with bounded ones:
   (``environment.max_reply_chars``) is refused before anything tokenises it, as is an opening whose
   messages or text do.
 
-The error is one line naming the environment, the call, the question and the rank.  The instance
+The error is one line naming the environment, the call, the question and the rank: ``step`` finds the
+question on the episode's state (tagged by ``open``) or, where the state cannot carry it (None, a
+tuple), in :func:`asking`, which the rollout driver wraps each call in.  The instance
 keeps its class (``isinstance`` and its own attributes are unchanged).  Nothing here imports torch.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from rlft.common import quoted
 from rlft.envs.base import Environment, EpisodeStart, StepResult
 
 DEFAULT_STEP_TIMEOUT_S = 60.0
 DEFAULT_MAX_REPLY_CHARS = 100_000
 _QUESTION_ATTR = "_rlft_question"
+_asked: contextvars.ContextVar[str | None] = contextvars.ContextVar("rlft_episode_question", default=None)
 
 
 class EnvironmentCallError(RuntimeError):
@@ -57,11 +63,6 @@ def default_limits() -> GuardLimits:
 
 def _rank() -> str:
     return os.environ.get("RANK", "0")
-
-
-def _short(text: Any, limit: int = 80) -> str:
-    text = " ".join(str(text).split())
-    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 def call_with_deadline(fn: Callable[..., Any], args: tuple, timeout_s: float | None, what: str,
@@ -116,10 +117,20 @@ class _QuestionDict(dict):
     question = None
 
 
+@contextlib.contextmanager
+def asking(question: str | None):
+    """Within this block, a guarded ``step`` whose state does not carry its question names ``question``."""
+    token = _asked.set(question)
+    try:
+        yield
+    finally:
+        _asked.reset(token)
+
+
 def _question_of(state: Any) -> str | None:
     if isinstance(state, _QuestionDict):
         return state.question
-    return getattr(state, _QUESTION_ATTR, None)
+    return getattr(state, _QUESTION_ATTR, None) or _asked.get()
 
 
 def guard_environment(env: Environment, name: str, limits: GuardLimits | None = None) -> Environment:
@@ -128,7 +139,7 @@ def guard_environment(env: Environment, name: str, limits: GuardLimits | None = 
     raw_open, raw_step = env.open, env.step
 
     def where(call: str, question: str | None) -> str:
-        q = f"question {_short(question)}" if question is not None else "question unknown"
+        q = f"question {quoted(question)}" if question is not None else "question unknown"
         return f"environment {name!r} {call} ({q}, rank {_rank()})"
 
     def fix(key: str) -> str:

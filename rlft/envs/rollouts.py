@@ -69,10 +69,10 @@ def play_rows(engine: RolloutEngine, environment: Environment, examples: Sequenc
               tokenizer, *, max_turns: int, max_episode_tokens: int) -> list[list[RolloutRow]]:
     """``spec.n`` rows per example, episodes of ``environment`` (its openings are the prompts), in
     example order (:func:`~rlft.envs.episodes.run_episodes` plays them)."""
-    starts, prompt_ids = open_episodes(environment, [ex.question for ex in examples],
-                                       [ex.ground_truth for ex in examples], tokenizer)
+    questions = [ex.question for ex in examples]
+    starts, prompt_ids = open_episodes(environment, questions, [ex.ground_truth for ex in examples], tokenizer)
     groups = run_episodes(engine, prompt_ids, starts, spec, tokenizer, environment, max_turns=max_turns,
-                          max_episode_tokens=max_episode_tokens)
+                          max_episode_tokens=max_episode_tokens, questions=questions)
     texts = [start.render(tokenizer) for start in starts]  # once per prompt, shared by its group's rows
     return [[RolloutRow(ex, text, ids, episode) for episode in group]
             for ex, text, ids, group in zip(examples, texts, prompt_ids, groups)]

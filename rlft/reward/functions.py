@@ -25,7 +25,7 @@ once per worker (bounded by the grader's start-up time), then each call is bound
 ``timeout_s``; a call that passes it (the worker is killed and replaced), crashes its worker or
 raises scores an all-zero reward and is counted in ``last_batch_stats`` (``timed_out``,
 ``crashed``, ``errors``); a batch of two or more on which every call fails so stops the run
-(:class:`RewardFunctionError`, naming the function, a ground truth and the rank).
+(:class:`RewardFunctionError`, naming the function, a question and its ground truth, and the rank).
 ``total_timeout_s`` bounds the whole batch (``unfinished``). A return
 value that is not a reward (a string, None, NaN, a dict without ``"reward"``) is a bug in the
 function, not a bad response: the call raises TypeError naming the function and the value.
@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
+from rlft.common import quoted
 from rlft.reward.worker import import_function
 from rlft.reward.formats import DEFAULT_ANSWER_FORMAT, get_answer_format
 from rlft.reward.grader import Grader, default_grader
@@ -111,7 +112,9 @@ class BatchReward:
         """The grader whose workers run the checks (the process-wide one unless given)."""
         return self._grader if self._grader is not None else default_grader()
 
-    def __call__(self, responses: Sequence[str], ground_truths: Sequence) -> list[dict[str, float]]:
+    def __call__(self, responses: Sequence[str], ground_truths: Sequence,
+                 questions: Sequence[str] | None = None) -> list[dict[str, float]]:
+        """``questions`` (optional, one per response) name the failing item when every call fails."""
         grader = self.grader
         if self.is_default:
             # The R1-Zero grader's own failures already score as verdicts (a timed-out check is a
@@ -127,7 +130,7 @@ class BatchReward:
             failed = [value is None for value in values]
         self.last_batch_stats = grader.last_batch_stats
         if not self.is_default:
-            check_not_all_failed(self.fn, failed, ground_truths, self.last_batch_stats)
+            check_not_all_failed(self.fn, failed, ground_truths, self.last_batch_stats, questions)
         if len(grades) != len(responses):  # a grader bug, never a user's: fail loudly
             raise RuntimeError(f"{self.fn}: {len(grades)} rewards for {len(responses)} responses")
         if self.format_weight:
@@ -145,20 +148,24 @@ class RewardFunctionError(RuntimeError):
     """A custom reward function that failed on every item of a batch (one line)."""
 
 
-def check_not_all_failed(fn: str, failed: Sequence[bool], ground_truths: Sequence, stats: GradeStats) -> None:
-    """RewardFunctionError naming ``fn``, a ground truth and the rank when every call of a batch of two
-    or more raised, timed out or killed its worker: all rewards 0, every advantage 0, nothing learnt.
+def check_not_all_failed(fn: str, failed: Sequence[bool], ground_truths: Sequence, stats: GradeStats,
+                         questions: Sequence[str] | None = None) -> None:
+    """RewardFunctionError naming ``fn``, an item (its question when ``questions`` are given, and its
+    ground truth) and the rank when every call of a batch of two or more raised, timed out or killed its
+    worker: all rewards 0, every advantage 0, nothing learnt.
     Items the batch deadline never reached (``unfinished``) are the batch's bound, not the function's."""
     own = stats.errors + stats.timed_out + stats.crashed
     if len(failed) < 2 or not all(failed) or own < len(failed):
         return
     import os
 
+    gold, rank = quoted(ground_truths[0], 60), f"rank {os.environ.get('RANK', '0')}"
+    item = (f"the question {quoted(questions[0])} (ground truth {gold}, {rank})" if questions
+            else f"the ground truth {gold} ({rank})")
     raise RewardFunctionError(
         f"reward.fn {fn}: every call of a batch of {len(failed)} failed (errors={stats.errors}, "
         f"timed_out={stats.timed_out}, crashed={stats.crashed}; reward.timeout_s bounds each call), e.g. on "
-        f"the ground truth {str(ground_truths[0])[:60]!r} (rank {os.environ.get('RANK', '0')}): every reward "
-        f"would be 0; fix the function")
+        f"{item}: every reward would be 0; fix the function")
 
 
 def make_reward_fn(

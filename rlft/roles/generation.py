@@ -70,7 +70,8 @@ class RolloutGenerator:
     def grade(self, rollout: Rollout) -> tuple[list[dict], dict]:
         """The reward of every response (`reward.fn`, by default `r1_zero_reward_fn`: format +
         answer; plus `reward.format_weight` x format), and the grader's counts for the log."""
-        grades = self.reward_fn([row.text for row in rollout], [row.example.ground_truth for row in rollout])
+        grades = self.reward_fn([row.text for row in rollout], [row.example.ground_truth for row in rollout],
+                                [row.example.question for row in rollout])
         stats = self.reward_fn.last_batch_stats
         for grade, row in zip(grades, rollout):
             if row.episode.reward is not None:  # the environment's own reward

@@ -7,7 +7,7 @@ from rlft.batching.round_size import most_prompts_per_round
 from rlft.common import log
 from rlft.config import ConfigError, RunConfig
 from rlft.data import Example
-from rlft.data.prompt_samplers import PROMPT_SAMPLERS, pass_rates
+from rlft.data.prompt_samplers import PROMPT_SAMPLERS, checked_batch, pass_rates
 from rlft.data.prompts import drop_long_prompts, prompt_of
 from rlft.data.rows import load_split
 
@@ -77,7 +77,7 @@ class PromptSource:
         last prompt a round has taken."""
         count = self.per_step if count is None else count
         while len(self.drawn_ahead) < count:
-            self.drawn_ahead += self.order.next_batch()
+            self.drawn_ahead += checked_batch(self.choice.name, self.order.next_batch, len(self.examples))
             if self.order.epoch_done:
                 self.epoch_ends.append(len(self.drawn_ahead))
         taken, self.drawn_ahead = self.drawn_ahead[:count], self.drawn_ahead[count:]

@@ -16,7 +16,7 @@ from typing import Callable, NoReturn
 import torch
 
 from rlft.common import free_port, log, say_line
-from rlft.config import ConfigError, RunConfig
+from rlft.config import ConfigError, RunConfig, load_config_or_exit
 from rlft.runtime.bridge import Bridge, process_state
 from rlft.runtime.checkpoint import CheckpointError, checkpoint_root, remove_partial_writes
 from rlft.runtime.context import RankContext, choose_device
@@ -24,7 +24,7 @@ from rlft.runtime.launcher_env import adopt_launcher_env, check_placement
 from rlft.config.outdir_lock import OutputDirInUse, OutputDirLock, describe_holder
 from rlft.runtime.reporting import setup_logging
 from rlft.runtime.sync import WeightSyncError
-from rlft.runtime.watchdog import PEER_POLL_S, Watchdog, launcher_processes
+from rlft.runtime.watchdog import LAUNCH_SCRIPT_ENV, PEER_POLL_S, Watchdog, launcher_processes
 from rlft.config.topology import RankRoles, roles_for_rank
 from rlft.envs.guard import EnvironmentCallError, set_default_limits
 from rlft.reward.functions import RewardFunctionError
@@ -61,6 +61,13 @@ def parse_run_args(prog: str, description: str, argv: list[str] | None, *, confi
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by the launcher
     p.add_argument("overrides", nargs="*", help=overrides_help)
     return p.parse_args(argv)
+
+
+def load_run_config(args: argparse.Namespace) -> RunConfig:
+    """The config of :func:`parse_run_args`'s command line, exit status 2 on a mistake.  A key given twice
+    is refused, except on a rank that launch/*.sh started: the launch plan refused the user's repeats
+    before any rank started, and its own arguments (the master address) follow the user's."""
+    return load_config_or_exit(args.config, args.overrides, once=LAUNCH_SCRIPT_ENV not in os.environ)
 
 
 def run_rank(cfg: RunConfig, run_fn: Callable[[RankContext], None], *, launcher: str,
