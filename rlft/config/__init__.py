@@ -1,7 +1,10 @@
 """The run's configuration: what a YAML file and `key=value` overrides may say, and every rule about it.
 
     loading.py       load_config / build_config / save_config: YAML + overrides -> a validated RunConfig
-    schema.py        the typed sections (dataclasses with named defaults) and ConfigError
+    schema.py        the typed sections (dataclasses with named defaults), every one found here
+    errors.py        ConfigError: a configuration mistake, its message naming the key path
+    sampling_sections.py  the sampling: section, and each engine's own settings (sampling.<engine>)
+    run_sections.py  the schedule:, topology:, output: and reporting: sections
     checks.py        validate(): ranges and the rules across fields, read from the choices' records
     distill_sections.py  the teacher: and distill: sections (on-policy distillation)
     distill_checks.py  teacher: and distill: (signal, teacher, ranges); the teacher's tokenizer against the student's
