@@ -14,6 +14,8 @@
     role_records.py  ROLES: one record per role (the topology key that places it, whether a run builds
                      it, its builder, where a rank keeps it); build_roles and the checks read them
     preflight.py     what can be refused before any rank starts (model path, init checkpoint, data)
+    trainers.py      TRAINERS: one record per trainer (grpo, sft): its module, launcher, the checks that
+                     apply to it, whether it samples rollouts; the launch and preflight read them
     learnable.py     runs that would learn nothing: a reward.fn blind to the answer, a token budget below any answer
     inputs.py        the run's inputs at launch: data splits and files, the environment, model files, W&B
     hub_cache.py     whether a hub id is cached or to be had from the hub (standard library only)
