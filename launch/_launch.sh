@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Shared by train.sh and sft.sh: MODULE CONFIG [key=value ...] -> the deepspeed launcher.
+# Shared by train.sh and sft.sh: TRAINER CONFIG [key=value ...] -> the deepspeed launcher.  TRAINER is a
+# trainer's record name (rlft/config/trainers.py: grpo, sft, or one a plugin registers); the plan names its module.
 # One node: `deepspeed --num_gpus N`.  Several nodes (topology.nodes > 1): DeepSpeed's own
 # launchers with output.hostfile (pdsh over ssh, slurm, the MPI launchers, or no_ssh: this node only,
 # as topology.node_rank); rlft.config.launch_plan works out the options and checks the hostfile.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-module="$1"; config="$2"; shift 2
+trainer="$1"; config="$2"; shift 2
 if [ "${RLFT_FLAVOR:-cpu}" = gpu ]; then
   gpus=$(nvidia-smi -L | wc -l)
 else
   gpus=-1
   export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES=""
 fi
-plan=$(python -m rlft.config.launch_plan --module "$module" --config "$config" --gpus-available "$gpus" "$@") || exit $?
-eval "$plan"  # world nodes per_node entry ds_args rank_args placement (shell-quoted by launch_plan)
+plan=$(python -m rlft.config.launch_plan --trainer "$trainer" --config "$config" --gpus-available "$gpus" "$@") || exit $?
+eval "$plan"  # world nodes per_node entry ds_args rank_args placement module (shell-quoted by launch_plan)
 if [ "$entry" = script ]; then
   entry_args=("$here/rank.py" "$module")
 else

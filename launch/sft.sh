@@ -9,6 +9,6 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 [ $# -ge 1 ] || { echo "usage: $0 CONFIG.yaml [key=value ...]" >&2; exit 2; }
 config="$1"; shift
 source "$here/setup.sh" || exit 1
-# SFT's own settings (sft.batch_size vs replicas x micro-batches) are refused before launching.
-python -m rlft.train_sft --check-config --config "$config" "$@" || exit $?
-exec bash "$here/_launch.sh" rlft.train_sft "$config" "$@"
+# SFT's own settings (sft.batch_size vs replicas x micro-batches) are refused before launching, with the
+# rest of the checks (the sft trainer's record, rlft/config/trainers.py).
+exec bash "$here/_launch.sh" sft "$config" "$@"

@@ -8,4 +8,4 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 [ $# -ge 1 ] || { echo "usage: $0 CONFIG.yaml [key=value ...]" >&2; exit 2; }
 config="$1"; shift
 source "$here/setup.sh" || exit 1
-exec bash "$here/_launch.sh" rlft.train_grpo "$config" "$@"
+exec bash "$here/_launch.sh" grpo "$config" "$@"

@@ -14,6 +14,7 @@ its roles own (rlft/roles/) and exchanging the results over the bridge:
 """
 from __future__ import annotations
 
+from rlft.config.trainers import TRAINERS
 from rlft.objectives import GRPOObjective
 from rlft.runtime.build import build_roles
 from rlft.runtime.checkpoint import resume_checkpoint
@@ -23,6 +24,8 @@ from rlft.runtime.run_eval import evaluate_existing, run_evaluation
 from rlft.runtime.loop import close_tracker, evaluates, open_tracker, report, run_steps
 from rlft.runtime.rank import load_run_config, parse_run_args, run_rank
 from rlft.runtime.sync import sync_weights
+
+TRAINER = TRAINERS["grpo"]  # this trainer's record: its module, launcher, checks
 
 
 def grpo_step(ctx: RankContext, step: int, last: bool = False) -> dict:
@@ -117,19 +120,19 @@ def run(ctx: RankContext) -> None:
         return
     check_init_checkpoint(ctx.cfg.output.init_checkpoint)  # every rank, so all stop together
     resolve_start_model(ctx)
-    write_resolved_config(ctx)
+    write_resolved_config(ctx, rollouts=TRAINER.rollouts)
     build_roles(ctx, GRPOObjective(ctx.cfg.grpo, ctx.cfg.sampling.max_tokens,
                                    off_policy=ctx.cfg.schedule.max_staleness > 0, distill=ctx.cfg.distill),
-                batch_size=ctx.cfg.optim.rollout_batch_size, rollouts=True)
+                batch_size=ctx.cfg.optim.rollout_batch_size, rollouts=TRAINER.rollouts)
     ctx.bridge.barrier()
     train(ctx)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_run_args("rlft.train_grpo", __doc__.split("\n")[0], argv,
+    args = parse_run_args(TRAINER.module, __doc__.split("\n")[0], argv,
                           config_help="YAML config (see launch/configs/)",
                           overrides_help="dotted overrides, e.g. optim.lr=2e-6")
-    run_rank(load_run_config(args), run, launcher="launch/train.sh")
+    run_rank(load_run_config(args), run, launcher=TRAINER.launcher)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ config and the "already trained" rule read it from one place.
 from __future__ import annotations
 
 from rlft.common import say_line
-from rlft.config import ConfigError, RunConfig
+from rlft.config import ConfigError
 from rlft.objectives import SFTObjective
 from rlft.roles.sft_data import SFTFeeder
 from rlft.runtime.build import agree_on_config_error, build_roles
@@ -33,23 +33,9 @@ from rlft.runtime.loop import close_tracker, evaluates, open_tracker, report, ru
 from rlft.runtime.rank import load_run_config, parse_run_args, run_rank
 from rlft.runtime.sync import sync_weights
 from rlft.config.topology import RankRoles
+from rlft.config.trainers import TRAINERS, check_sft_config  # noqa: F401  (check_sft_config: re-exported)
 
-
-def check_sft_config(cfg: RunConfig) -> None:
-    """What SFT needs of a config beyond `rlft.config.validate`.
-
-    The data lives on the sampler's rank, which must also be the evaluator's: weight syncs go to
-    the sampler's and the evaluator's ranks, and in SFT only the evaluator has an engine to fill.
-    SFT's batch must split into replicas x micro-batches like the GRPO batch does.
-    """
-    t, micro, bs = cfg.topology, cfg.optim.train_micro_batch_size, cfg.sft.batch_size
-    if t.sampler_rank != t.evaluator_rank:
-        raise ConfigError(f"topology.sampler_rank: SFT keeps its training data on the evaluator's rank; set "
-                          f"topology.sampler_rank={t.evaluator_rank} (the evaluator_rank), got {t.sampler_rank}")
-    replicas = len(t.policy_ranks) // t.pipeline_stages
-    if bs % replicas or (bs // replicas) % micro:
-        raise ConfigError(f"sft.batch_size: {bs} must split evenly into {replicas} data-parallel replica(s) x "
-                          f"micro-batches of optim.train_micro_batch_size={micro}")
+TRAINER = TRAINERS["sft"]  # this trainer's record: its module, launcher, checks
 
 
 def sft_step(ctx: RankContext, step: int, last: bool = False) -> dict:
@@ -139,8 +125,8 @@ def run(ctx: RankContext) -> None:
     if final is not None:
         evaluate_existing(ctx, final)
         return
-    write_resolved_config(ctx, rollouts=False)
-    build_roles(ctx, SFTObjective(), batch_size=cfg.sft.batch_size, rollouts=False)
+    write_resolved_config(ctx, rollouts=TRAINER.rollouts)
+    build_roles(ctx, SFTObjective(), batch_size=cfg.sft.batch_size, rollouts=TRAINER.rollouts)
     if ctx.evaluator is not None and ctx.evaluator.engine.sleeps:
         ctx.evaluator.engine.sleep()  # its memory goes to the policy until the first evaluation
     bridge.barrier()
@@ -154,18 +140,18 @@ def role_label(roles: RankRoles) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_run_args("rlft.train_sft", __doc__.split("\n")[0], argv, check_config=True,
+    args = parse_run_args(TRAINER.module, __doc__.split("\n")[0], argv, check_config=True,
                           config_help="YAML config (see launch/configs/sft_*.yaml)",
                           overrides_help="dotted overrides, e.g. sft.epochs=2 optim.lr=1e-5")
     cfg = load_run_config(args)
     try:
-        check_sft_config(cfg)
+        TRAINER.check_config(cfg)
     except ConfigError as e:
         say_line(f"rlft: config error: {e}")
         raise SystemExit(2) from None
     if args.check_config:
         return
-    run_rank(cfg, run, launcher="launch/sft.sh", role_label=role_label)
+    run_rank(cfg, run, launcher=TRAINER.launcher, role_label=role_label)
 
 
 if __name__ == "__main__":

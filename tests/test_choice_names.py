@@ -1,6 +1,6 @@
 """No code compares a choice's name outside the module that records it: the losses, estimators, modes,
-sources, launchers, engines, environments, finish reasons, LoRA sync modes, weight transports and
-learning-rate schedules are records (or declared lists) whose properties the rest of rlft reads (`rlft.grpo.choices`,
+sources, launchers, engines, environments, finish reasons, LoRA sync modes, weight transports,
+learning-rate schedules and trainers (their names and their modules' names) are records (or declared lists) whose properties the rest of rlft reads (`rlft.grpo.choices`,
 `rlft.config.launchers`, `rlft.engines.records`, `rlft.envs.registry`, ...).  A comparison such as `g.overlong == "soft_penalty"` elsewhere would leave a
 new choice with the same properties treated differently; this finds every `==`, `!=`, `in` and
 `not in` with a recorded name in rlft/, the AST's version of
@@ -29,6 +29,7 @@ REGISTRIES = {
     "rlft/engines/vllm_sender.py": {"weight_transports"},  # the sender's and the worker's two sides
     "rlft/engines/vllm_worker.py": {"weight_transports"},
     "rlft/config/lr_schedules.py": {"schedules"},
+    "rlft/config/trainers.py": {"trainers"},
 }
 
 # Comparisons with a string that is also some choice's name, but says something else there: (module,
@@ -50,6 +51,7 @@ def choice_groups() -> dict[str, set[str]]:
     from rlft.config.launchers import LAUNCHERS
     from rlft.config.lr_schedules import LR_SCHEDULES
     from rlft.config.schema import LORA_SYNC_MODES
+    from rlft.config.trainers import TRAINERS
     from rlft.engines import BACKENDS
     from rlft.engines.base import FINISH_REASONS as ENGINE_FINISH_REASONS
     from rlft.engines.vllm_sender import TRANSPORTS
@@ -74,7 +76,9 @@ def choice_groups() -> dict[str, set[str]]:
               "engines": set(BACKENDS), "environments": set(ENVIRONMENTS),
               "finish_reasons": set(ENGINE_FINISH_REASONS) | set(EPISODE_FINISH_REASONS),
               "sync_modes": set(LORA_SYNC_MODES), "schedules": set(LR_SCHEDULES),
-              "weight_transports": set(TRANSPORTS) - {"auto"}}  # auto: every setting's word for "decided at start"
+              "weight_transports": set(TRANSPORTS) - {"auto"},  # auto: every setting's word for "decided at start"
+              "trainers": {"grpo", "sft", "rlft.train_grpo", "rlft.train_sft"} | set(TRAINERS)
+              | {t.module for t in TRAINERS.values()}}
     assert {"hf", "vllm"} <= groups["engines"] and {"single_turn", "calculator"} <= groups["environments"]
     assert {"length", "max_turns"} <= groups["finish_reasons"] and groups["schedules"] == {"constant", "cosine"}
     return groups
@@ -132,12 +136,14 @@ def test_the_search_finds_each_form_of_comparison(tmp_path):
                     'fast = cfg.sampling.backend in ("vllm",)\n'
                     'tools = cfg.environment.name != "calculator"\n'
                     'lora = cfg.model.lora.sync == "adapter"\n'
-                    'lr = "cosine" == cfg.optim.lr_schedule\n')
+                    'lr = "cosine" == cfg.optim.lr_schedule\n'
+                    'grpo = module == "rlft.train_grpo"\n'
+                    'sft = args.trainer in ("sft",)\n')
     found = name_comparisons(code, "rlft/mode_by_name.py", choice_names("rlft/mode_by_name.py"))
-    assert [line.split(":")[1] for line in found] == ["1", "3", "4", "5", "8", "9", "10", "11", "12"]
+    assert [line.split(":")[1] for line in found] == ["1", "3", "4", "5", "8", "9", "10", "11", "12", "13", "14"]
     # A registry's module may compare its own names, and no other group's.
     in_common = name_comparisons(code, "rlft/common.py", choice_names("rlft/common.py"))
-    assert [line.split(":")[1] for line in in_common] == ["1", "3", "4", "5", "9", "10", "11", "12"]
+    assert [line.split(":")[1] for line in in_common] == ["1", "3", "4", "5", "9", "10", "11", "12", "13", "14"]
     # The listed unrelated comparisons are still there, each once (a stale entry would hide nothing).
     for module, piece in UNRELATED:
         assert (PACKAGE.parent / module).read_text(encoding="utf-8").count(piece) == 1, (module, piece)

@@ -317,7 +317,8 @@ def test_the_plan_accepts_what_can_learn(tmp_path, capsys):
             "data.source=tests/fixtures/gsm8k"]
     main(["--module", "rlft.train_grpo", *base, "grpo.group_size=1", "grpo.loss_type=no_baseline",
           "optim.rollout_batch_size=2", "data.train_size=2"])
-    main(["--module", "rlft.train_sft", *base, "grpo.group_size=1"])  # SFT samples no groups
+    # SFT samples no groups (its data on the evaluator's rank, as its record's checks ask)
+    main(["--trainer", "sft", *base, "grpo.group_size=1", "topology.sampler_rank=2"])
     assert "world=4" in capsys.readouterr().out
 
 

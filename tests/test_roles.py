@@ -157,6 +157,14 @@ def test_a_role_state_is_two_method_names():
     with pytest.raises(ValueError, match=r"^role 'logger': state must be \(save, restore\), two method names, "
                                          r"got \('checkpoint_state',\)$"):
         Role("logger", "somewhere:build", state=("checkpoint_state",))
+    # A state kept under a key of trainer_state.json: the sampler's data position, where checkpoints hold it.
+    sampler = ROLES["sampler"]
+    assert (sampler.state, sampler.state_key, sampler.state_holder) == (
+        ("state_dict", "load_state_dict"), "prompt_sampler", "data")
+    assert Role("logger", "somewhere:build").state_holder == "logger"
+    with pytest.raises(ValueError, match=r"^role 'logger': state_key 'step' is a key the checkpoint keeps its own "
+                                         r"record under; use another$"):
+        Role("logger", "somewhere:build", state=("checkpoint_state", "restore_state"), state_key="step")
 
 
 # ---------------------------------------------------------------- a new role: placed by the config

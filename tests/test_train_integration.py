@@ -165,6 +165,12 @@ def test_resume_continues_with_the_same_next_batch(tiny_run):
     # Only the newest complete checkpoints are kept, none half-written.
     names = sorted(p.name for p in (tiny_run["out"] / "checkpoints").iterdir())
     assert names == ["step_000003", "step_000004"]
+    # The sampler's record keeps the data position where checkpoints always held it (so older ones resume):
+    # trainer_state.json's prompt_sampler: the position of the order that drew those 4 batches.
+    ck = tiny_run["out"] / "checkpoints" / "step_000004"
+    state = json.loads((ck / "trainer_state.json").read_text())["prompt_sampler"]
+    assert (state["epoch"], state["position"]) == (expected.epoch, expected.position)
+    assert not (ck / "roles").exists()
 
 
 def test_finished_output_is_evaluated_not_retrained(tiny_run):

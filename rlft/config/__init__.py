@@ -1,7 +1,10 @@
 """The run's configuration: what a YAML file and `key=value` overrides may say, and every rule about it.
 
     loading.py       load_config / build_config / save_config: YAML + overrides -> a validated RunConfig
-    schema.py        the typed sections (dataclasses with named defaults) and ConfigError
+    schema.py        the typed sections (dataclasses with named defaults), every one found here
+    errors.py        ConfigError: a configuration mistake, its message naming the key path
+    sampling_sections.py  the sampling: section, and each engine's own settings (sampling.<engine>)
+    run_sections.py  the schedule:, topology:, output: and reporting: sections
     checks.py        validate(): ranges and the rules across fields, read from the choices' records
     distill_sections.py  the teacher: and distill: sections (on-policy distillation)
     distill_checks.py  teacher: and distill: (signal, teacher, ranges); the teacher's tokenizer against the student's
@@ -11,6 +14,8 @@
     role_records.py  ROLES: one record per role (the topology key that places it, whether a run builds
                      it, its builder, where a rank keeps it); build_roles and the checks read them
     preflight.py     what can be refused before any rank starts (model path, init checkpoint, data)
+    trainers.py      TRAINERS: one record per trainer (grpo, sft): its module, launcher, the checks that
+                     apply to it, whether it samples rollouts; the launch and preflight read them
     learnable.py     runs that would learn nothing: a reward.fn blind to the answer, a token budget below any answer
     context_budget.py  an episode's budget after its prompt; no first-turn prompt (the environment's opening) fits
     inputs.py        the run's inputs at launch: data splits and files, the environment, model files, W&B

@@ -1,8 +1,9 @@
 """What launch/*.sh needs to start a run: validates the config and prints the launch plan.
 
-    python -m rlft.config.launch_plan --config X.yaml [--gpus-available N] [key=value ...]
+    python -m rlft.config.launch_plan --trainer grpo --config X.yaml [--gpus-available N] [key=value ...]
 
-prints shell assignments that `launch/_launch.sh` evaluates:
+checks the config for the trainer named (its record: `rlft.config.trainers`; `--module rlft.train_grpo`
+finds the same one), and prints shell assignments that `launch/_launch.sh` evaluates:
 
     world=16 nodes=2 per_node=8         ranks in all, nodes, ranks per node
     ds_args=(...)                       the deepspeed launcher's options (before the module)
@@ -11,6 +12,7 @@ prints shell assignments that `launch/_launch.sh` evaluates:
     rank_args=(...)                     overrides every rank also receives (the master address
                                         and port, for launchers that do not pass them on)
     placement='node 0: ...'             which roles each node hosts, for the start-up message
+    module=rlft.train_grpo              the module every rank runs (the trainer's record says)
 
 One node: `--num_gpus N --master_port P`.  Several nodes (`topology.nodes > 1`) go through
 DeepSpeed's own launchers with `output.hostfile`: pdsh over ssh (the default), slurm and the MPI
@@ -35,6 +37,7 @@ from rlft.common import free_port
 from rlft.config import ConfigError, RunConfig, TopologyConfig, load_config_or_exit
 from rlft.config.launchers import LAUNCHERS, NodesLaunch, launcher_options
 from rlft.config.preflight import preflight
+from rlft.config.trainers import trainer_named
 from rlft.config.outdir_lock import OutputDirInUse
 
 DEFAULT_MULTINODE_PORT = 29500
@@ -178,21 +181,23 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="rlft.config.launch_plan")
     p.add_argument("--config", required=True)
     p.add_argument("--gpus-available", type=int, default=-1, help="GPUs on this node (-1: CPU run)")
-    p.add_argument("--module", default=None, help="the trainer the plan is for: rlft.train_grpo, rlft.train_sft")
+    p.add_argument("--trainer", default=None, help="the trainer the plan is for, by its record's name: grpo, sft")
+    p.add_argument("--module", default=None, help="the trainer the plan is for, by its module: rlft.train_grpo, ...")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
     cfg = load_config_or_exit(args.config, args.overrides)
     try:
+        trainer = trainer_named(args.trainer, args.module)  # after the config: its plugins may register one
         plan = make_plan(cfg, args.gpus_available)
         check_model_layers(cfg)
-        preflight(cfg, args.module)
+        preflight(cfg, trainer)
     except ConfigError as e:
         print(f"rlft: config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except OutputDirInUse as e:  # the line rank 0 would print
         print(f"rlft: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    print(plan.shell())
+    print(plan.shell() + (f"\nmodule={shlex.quote(trainer.module)}" if trainer is not None else ""))
 
 
 if __name__ == "__main__":

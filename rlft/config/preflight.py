@@ -25,9 +25,9 @@ from rlft.config.model_family import check_model_family
 from rlft.config.start_model import check_init_checkpoint
 from rlft.config.distill_checks import check_same_tokenizer
 from rlft.config.context_budget import check_first_turn_fits
-from rlft.config.learnable import check_answer_budget, check_prompt_asks_for_the_format, check_reward_fn
+from rlft.config.learnable import check_answer_budget
 from rlft.config.inputs import (check_data_source, check_environment_builds, check_gguf_file, check_model_files,
-                                check_output_dir, check_sft_examples, check_trackers)
+                                check_output_dir, check_trackers)
 
 
 
@@ -87,9 +87,10 @@ def check_chat_template(cfg: RunConfig) -> None:
                           "none: use a text template (e.g. data.prompt_template=r1_zero) for a base model")
 
 
-def check_training_rows(cfg: RunConfig, module: str) -> None:
-    """Refuse a local .jsonl training split with fewer usable rows than one step draws (GRPO) or
-    than one batch (SFT): the ranks would find out only after loading the models."""
+def check_training_rows(cfg: RunConfig, trainer) -> None:
+    """Refuse a local .jsonl training split without a usable row, or with fewer than one step of
+    `trainer` (its record, `rlft.config.trainers.Trainer`) draws: the ranks would find out only
+    after loading the models."""
     from rlft.data.rows import load_split
     from rlft.data.sources import NoUsableExamples
 
@@ -107,18 +108,18 @@ def check_training_rows(cfg: RunConfig, module: str) -> None:
     examples = loaded.examples if loaded is not None else []
     skipped = ", ".join(f"{k}={v}" for k, v in sorted(loaded.skipped.items())) if loaded is not None else ""
     where = f"{d.source} [{d.train_split}]{f' (skipped: {skipped})' if skipped else ''}"
-    grpo = module == "rlft.train_grpo"
-    size = d.train_size if grpo else cfg.sft.train_size
+    size, per_step = trainer.train_size(cfg), trainer.rows_per_step(cfg)
     rows = len(examples) if size is None else min(size, len(examples))
     if not rows:
         raise ConfigError(f"data.source: no usable training rows in {where}: rows need a question "
                           f"(data.fields.question: {d.fields.question}) and a gold answer (data.fields.gold: "
                           f"{d.fields.gold}, read as data.fields.gold_kind {d.fields.gold_kind})")
-    if grpo and rows < cfg.optim.rollout_batch_size // cfg.grpo.group_size:
+    if per_step is not None and rows < per_step:
+        keys = trainer.rows_per_step_from  # the settings that make it, the first one to lower
         raise ConfigError(
             f"data.train_size: {rows} usable training rows in {where}, but every step draws "
-            f"optim.rollout_batch_size / grpo.group_size = {cfg.optim.rollout_batch_size // cfg.grpo.group_size} "
-            f"prompts; raise data.train_size or lower optim.rollout_batch_size")
+            f"{f'{keys} = ' if keys else ''}{per_step} prompts; raise data.train_size"
+            + (f" or lower {keys.split()[0]}" if keys else ""))
 
 
 def check_grpo_can_learn(cfg: RunConfig) -> None:
@@ -167,16 +168,26 @@ def check_teacher_model(cfg: RunConfig) -> None:
                          cfg.teacher.path)
 
 
+def check_answer_budget_of_start_model(cfg: RunConfig) -> None:
+    """`rlft.config.learnable.check_answer_budget` with the starting model's tokenizer, where it is on disk."""
+    check_answer_budget(cfg, local_model_dir(cfg.output.init_checkpoint or cfg.model.path))
+
+
+def check_first_turn_of_start_model(cfg: RunConfig) -> None:
+    """`rlft.config.context_budget.check_first_turn_fits` with the starting model, where it is on disk."""
+    check_first_turn_fits(cfg, local_model_dir(cfg.output.init_checkpoint or cfg.model.path))
+
+
 def _has_tokenizer(path: Path) -> bool:
     return any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
 
 
-def preflight(cfg: RunConfig, module: str | None) -> None:
-    """Every check above that applies to `module` (`rlft.train_grpo`, `rlft.train_sft`, None: none
-    of the trainer's own)."""
+def preflight(cfg: RunConfig, trainer) -> None:
+    """Every check above that applies to `trainer`, a trainer's record (`rlft.config.trainers.Trainer`:
+    the checks every trainer shares, then its own), or None: only the starting model's path."""
     if cfg.output.init_checkpoint is None:
         check_model_path(cfg.model.path)
-    if module is None:
+    if trainer is None:
         return
     if cfg.output.init_checkpoint is not None:
         check_init_checkpoint(cfg.output.init_checkpoint)
@@ -185,22 +196,15 @@ def preflight(cfg: RunConfig, module: str | None) -> None:
         check_hub_model(cfg.model.path, "model.path")
     check_chat_template(cfg)
     check_model_family(cfg, local_model_dir(cfg.output.init_checkpoint or cfg.model.path))
-    if module == "rlft.train_grpo":
-        check_grpo_can_learn(cfg)
-        check_teacher_model(cfg)
+    trainer.check_config(cfg)
     check_output_dir(cfg)
     check_data_rows(cfg)  # the mapped fields first: a missing one is named as such
     check_data_source(cfg)  # the inputs the ranks found only after loading a model (rlft/config/inputs.py)
     check_environment_builds(cfg)
     check_trackers(cfg)
-    if module == "rlft.train_sft":
-        check_sft_examples(cfg)
-    if module == "rlft.train_grpo":  # a run that would exit 0 having learnt nothing (rlft/config/learnable.py)
-        check_answer_budget(cfg, local_model_dir(cfg.output.init_checkpoint or cfg.model.path))
-        check_first_turn_fits(cfg, local_model_dir(cfg.output.init_checkpoint or cfg.model.path))
-        check_reward_fn(cfg)
-        check_prompt_asks_for_the_format(cfg)
-    check_training_rows(cfg, module)
+    for check in trainer.input_checks:
+        check(cfg)
+    check_training_rows(cfg, trainer)
     from rlft.config.resume_rules import resume_point
     from rlft.config.outdir_lock import OutputDirLock
 

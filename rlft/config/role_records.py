@@ -25,6 +25,9 @@ from typing import Any, Callable
 from rlft.common import add_record, import_object
 
 EXTRA_ROLES = "extra_roles"  # the topology key that places the roles without a key of their own
+# The keys of a checkpoint's trainer_state.json that are the checkpoint's own (rlft.runtime.checkpoint),
+# which no role's `state_key` may take.
+CHECKPOINT_KEYS = ("step", "total_steps", "layout", "settings", "data")
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,14 @@ class Role:
     * ``state``: ``(save, restore)``, the names of two methods of its object: ``save()`` returns the
       role's state (anything ``torch.save`` takes), ``restore(state)`` takes it back.  Every checkpoint
       keeps it, one file per rank hosting the role (`rlft.runtime.checkpoint.save_role_states`), and a
-      resumed run gives it back before the first step; None: the role keeps nothing (rlft's own roles
-      are kept by the checkpoint's own files: the policy's DeepSpeed state, the data position).
+      resumed run gives it back before the first step; None: the role keeps nothing (the policy's
+      DeepSpeed state is the checkpoint's own files: `rlft.runtime.checkpoint`).
+    * ``state_key``: instead of a file of its own, the state (plain JSON, from the role's one rank) is
+      this key of the checkpoint's trainer_state.json (the sampler's data position, ``prompt_sampler``,
+      where every checkpoint has kept it).
+    * ``state_holder``: the `RankContext` attribute whose object has the ``state`` methods (default:
+      ``attribute``); the sampler's is ``data``, the rank's position in the training data, the
+      rollout role's or, in SFT, which builds no rollout role, the data feeder's on that rank.
     """
 
     name: str
@@ -75,12 +84,18 @@ class Role:
     runs_engine: bool = False
     after_step: str | None = None
     state: tuple[str, str] | None = None
+    state_key: str = ""
+    state_holder: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "rank_key", self.rank_key or f"{EXTRA_ROLES}.{self.name}")
         object.__setattr__(self, "attribute", self.attribute or self.name)
+        object.__setattr__(self, "state_holder", self.state_holder or self.attribute)
         if self.state is not None and (len(self.state) != 2 or not all(isinstance(m, str) and m for m in self.state)):
             raise ValueError(f"role {self.name!r}: state must be (save, restore), two method names, got {self.state!r}")
+        if self.state_key in CHECKPOINT_KEYS:
+            raise ValueError(f"role {self.name!r}: state_key {self.state_key!r} is a key the checkpoint keeps its own "
+                             f"record under; use another")
 
     @property
     def key_of_its_own(self) -> bool:
@@ -119,7 +134,8 @@ def reference_logprobs_by(cfg, objective) -> str | None:
 ROLES: dict[str, Role] = {r.name: r for r in (
     Role("policy", "rlft.runtime.build:build_policy", rank_key="policy_ranks"),
     Role("sampler", "rlft.runtime.build:build_sampler", rank_key="sampler_rank", attribute="rollout",
-         wanted=lambda cfg, training: training.rollouts, runs_engine=True),
+         wanted=lambda cfg, training: training.rollouts, runs_engine=True,
+         state=("state_dict", "load_state_dict"), state_key="prompt_sampler", state_holder="data"),
     Role("reference", "rlft.runtime.build:build_reference", rank_key="reference_rank",
          wanted=lambda cfg, training: reference_logprobs_by(cfg, training.objective) == "reference"),
     Role("teacher", "rlft.roles.teacher:build", rank_key="teacher_rank",

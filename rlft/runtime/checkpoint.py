@@ -7,8 +7,9 @@
         rng/rank_<r>.pt         every rank's RNG state
         roles/<name>_<i>.pt     the state of each role whose record names its `state` methods, from the
                                 i-th rank hosting it (`save_role_states`)
-        trainer_state.json      step, data position, the policy's layout, the training files'
-                                fingerprint; written last
+        trainer_state.json      step, the policy's layout, the training files' fingerprint, and the
+                                states roles keep under a key of their own (`Role.state_key`: the
+                                data position, prompt_sampler); written last
     OUT/model/                  the final HF model (written when training completes)
 
 A checkpoint is written into `.step_000010.tmp/` and renamed to `step_000010/` only after every rank
@@ -44,6 +45,7 @@ from rlft.config.resume_rules import (  # the checkpoints' layout, read before a
     step_dir,
     tmp_step_dir,
 )
+from rlft.config.role_records import ROLES
 from rlft.models.loading import load_hf_config
 
 if TYPE_CHECKING:
@@ -256,6 +258,10 @@ def _save_checkpoint(ctx: RankContext, step: int) -> None:
         tmp.mkdir(parents=True)
     bridge.barrier()
     part: dict = {"rank": roles.rank}
+    # The policy keeps its own files: DeepSpeed's checkpoint is a collective of the policy's world, one
+    # file per stage's layers and per rank's optimizer shard, in DeepSpeed's layout (which resume_rules
+    # reads to tell a layout that can resume), plus the HF export gathered on rank 0; a role's state is
+    # one object per rank, which neither old checkpoints nor DeepSpeed's loader would read back.
     if ctx.policy is not None:
         ctx.policy.save(str(tmp), client_state={"step": step})
         if roles.replica == 0:
@@ -263,19 +269,17 @@ def _save_checkpoint(ctx: RankContext, step: int) -> None:
             part["names"] = write_hf_shard(tmp / "hf", roles.stage, roles.num_stages, ctx.policy.export_state())
             if cfg.model.lora.enabled:
                 part["adapter"] = {k: v.to("cpu", copy=True) for k, v in ctx.policy.adapter_state().items()}
-    if ctx.data is not None:  # the data position: the rollout role's or SFT's feeder's PromptSampler
-        part["prompt_sampler"] = ctx.data.state_dict()
     save_rng(tmp / "rng" / f"rank_{roles.rank}.pt")
-    save_role_states(ctx, tmp)
+    part["states"] = save_role_states(ctx, tmp)
     parts = bridge.gather_objects(part, dst=0)
     if roles.rank == 0:
         names = [[] for _ in range(cfg.topology.pipeline_stages)]
-        data_state = None
+        # Every key a role keeps its state under, null where no rank held one (as checkpoints always had it).
+        kept = {role.state_key: None for role in ROLES.values() if role.state is not None and role.state_key}
         for p in parts:
             if "stage" in p:
                 names[p["stage"]] = p["names"]
-            if "prompt_sampler" in p:
-                data_state = p["prompt_sampler"]
+            kept.update(p["states"])
         hf_config = ctx.policy.hf_config if ctx.policy is not None else load_hf_config(ctx.model_path)
         write_hf_index(tmp / "hf", names, hf_config, ctx.tokenizer, ctx.policy_dtype)
         if cfg.model.lora.enabled:  # hf/ holds the merged model, hf/adapter/ the adapters alone (peft's format)
@@ -283,7 +287,7 @@ def _save_checkpoint(ctx: RankContext, step: int) -> None:
 
             adapter = {k: v for p in parts for k, v in p.get("adapter", {}).items()}
             save_adapter(tmp / "hf" / ADAPTER_DIR, adapter, peft_lora_config(cfg.model.lora), ctx.model_path)
-        write_json_atomic(tmp / STATE_FILE, {"step": step, "prompt_sampler": data_state,
+        write_json_atomic(tmp / STATE_FILE, {"step": step, **kept,
                                              "total_steps": cfg.schedule.steps, "layout": policy_layout(cfg),
                                              "settings": run_settings(cfg), "data": data_fingerprint(cfg)})
         publish(tmp, dst)
@@ -303,9 +307,7 @@ def resume_checkpoint(ctx: RankContext) -> int:
     state = read_state(path)
     if ctx.policy is not None and not weights_only:
         ctx.policy.load(str(path))
-    if ctx.data is not None and state.get("prompt_sampler"):
-        ctx.data.load_state_dict(state["prompt_sampler"])
-    restore_role_states(ctx, path)
+    restore_role_states(ctx, path, state)
     if not weights_only:
         load_rng(path / "rng" / f"rank_{roles.rank}.pt")
     if roles.rank == 0:
@@ -323,24 +325,34 @@ def role_state_file(ckpt: str | Path, ctx: RankContext, role) -> Path:
     return Path(ckpt) / "roles" / f"{role.name}_{role.ranks(ctx.cfg.topology).index(ctx.roles.rank)}.pt"
 
 
-def save_role_states(ctx: RankContext, ckpt: str | Path) -> None:
-    """Write the state of each role built on this rank whose record names its `state` methods
-    (`rlft.config.role_records.Role.state`: its object's ``save()``)."""
+def save_role_states(ctx: RankContext, ckpt: str | Path) -> dict:
+    """Keep the state of each role this rank hosts whose record names its `state` methods
+    (`rlft.config.role_records.Role.state`: its holder's ``save()``): written to its own file, or,
+    for a record with a `state_key`, returned as {key: state} for rank 0's trainer_state.json."""
     import torch
 
-    for role, obj in ctx.role_objects():
-        if role.state is not None:
-            path = role_state_file(ckpt, ctx, role)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(getattr(obj, role.state[0])(), path)
+    keyed = {}
+    for role, obj in ctx.state_holders():
+        state = getattr(obj, role.state[0])()
+        if role.state_key:
+            keyed[role.state_key] = state
+            continue
+        path = role_state_file(ckpt, ctx, role)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, path)
+    return keyed
 
 
-def restore_role_states(ctx: RankContext, ckpt: str | Path) -> None:
-    """Give each role built on this rank whose record names its `state` methods the state the
-    checkpoint `ckpt` holds for it (its object's ``restore(state)``); a role the checkpoint holds
-    nothing for (written before the role existed, or by fewer of its ranks) starts afresh."""
+def restore_role_states(ctx: RankContext, ckpt: str | Path, trainer_state: dict) -> None:
+    """Give each role this rank hosts whose record names its `state` methods the state the checkpoint
+    `ckpt` holds for it (its holder's ``restore(state)``): its file, or its key of `trainer_state`
+    (the checkpoint's trainer_state.json).  A role the checkpoint holds nothing for (written before
+    the role existed, or by fewer of its ranks) starts afresh."""
     import torch
 
-    for role, obj in ctx.role_objects():
-        if role.state is not None and role_state_file(ckpt, ctx, role).is_file():
+    for role, obj in ctx.state_holders():
+        if role.state_key:
+            if trainer_state.get(role.state_key):
+                getattr(obj, role.state[1])(trainer_state[role.state_key])
+        elif role_state_file(ckpt, ctx, role).is_file():
             getattr(obj, role.state[1])(torch.load(role_state_file(ckpt, ctx, role), weights_only=False))

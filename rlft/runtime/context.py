@@ -85,6 +85,13 @@ class RankContext:
         found = [(role, getattr(self, role.attribute, None)) for role in ROLES.values()]
         return [(role, obj) for role, obj in found if obj is not None]
 
+    def state_holders(self) -> list[tuple[Role, Any]]:
+        """The roles this rank hosts whose records name `state` methods, with the object holding that
+        state (`Role.state_holder`: the sampler's is `data`), in `ROLES`' order."""
+        found = [(role, getattr(self, role.state_holder, None)) for role in ROLES.values()
+                 if role.state is not None and self.roles.hosts(role.name)]
+        return [(role, obj) for role, obj in found if obj is not None]
+
     def engines(self) -> list[RolloutEngine]:
         """This rank's distinct engines, the sampler's first (one object when roles share it)."""
         found = [obj.engine for role, obj in self.role_objects() if role.runs_engine]
