@@ -361,6 +361,46 @@ def test_a_family_vllm_cannot_serve_points_to_the_hf_engine(tmp_path):
         del families.MODEL_FAMILIES["llama_novllm"]
 
 
+def test_a_family_registered_after_import_is_accepted_everywhere(tmp_path):
+    """The list of families is read at each call, not kept from import: a family a plugin registers
+    later is in ``SUPPORTED_MODEL_TYPES``, split by the stages (HF's log-probs), checked at launch, and
+    gone again once unregistered."""
+    import rlft.pipeline
+    from rlft.config import build_config
+    from rlft.config.model_family import check_model_family
+    from rlft.config.schema import ConfigError
+    from rlft.models.families import ModelFamily, register_model_family, supported_model_types
+    from transformers import LlamaConfig
+
+    assert "llama_late" not in rlft.pipeline.SUPPORTED_MODEL_TYPES
+    config = LlamaConfig(**TINY, num_hidden_layers=2)
+    config._attn_implementation = "sdpa"
+    model = random_hf_model(config, seed=7)
+    config.model_type = "llama_late"  # the same layers under a type no record named at import
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama_late"}))
+    with pytest.raises(ConfigError, match="model_type 'llama_late' cannot be split"):
+        check_model_family(build_config({}), tmp_path)
+    register_model_family(ModelFamily("llama_late", modeling="transformers.models.llama.modeling_llama",
+                                      class_prefix="Llama"))
+    try:
+        assert "llama_late" in rlft.pipeline.SUPPORTED_MODEL_TYPES and "llama_late" in supported_model_types()
+        assert family_of({"model_type": "llama_late"}).model_type == "llama_late"
+        check_model_family(build_config({}), tmp_path)  # accepted before any rank starts
+        with pytest.raises(UnsupportedFamily, match="families it splits: .*, llama_late$"):
+            family_of({"model_type": "gpt2"})
+        batch = padded_batch(8, rows=2, T=7, left=(2, 0))
+        run, _ = chained_layers(config, model.state_dict())
+        with torch.no_grad():
+            logp, _ = run((batch["input_ids"], batch["attention_mask"]))
+            ref_logp, _ = hf_logprobs(model, batch)
+        assert (logp - ref_logp)[scored(batch)].abs().max() <= TOL
+    finally:
+        del families.MODEL_FAMILIES["llama_late"]
+    assert "llama_late" not in rlft.pipeline.SUPPORTED_MODEL_TYPES
+    with pytest.raises(UnsupportedFamily):
+        family_of({"model_type": "llama_late"})
+
+
 def test_the_hf_engine_takes_experts_under_the_checkpoint_names():
     """The weight sync sends a mixture of experts' weights one tensor per expert (the checkpoint's and
     vLLM's names); the HF engine writes them into its fused parameters."""

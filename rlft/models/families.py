@@ -155,6 +155,12 @@ _HYBRID = ("qwen3_next", "jamba", "mamba", "mamba2", "falcon_h1", "falcon_mamba"
            "granitemoehybrid", "lfm2", "nemotron_h", "minimax", "recurrent_gemma", "rwkv", "qwen3_5", "qwen3_5_moe")
 
 
+def supported_model_types() -> tuple[str, ...]:
+    """The model types the pipeline splits now: rlft's records and every one a plugin registered since
+    (read at each call, never kept: a family registered after import is in it)."""
+    return tuple(MODEL_FAMILIES)
+
+
 def _missing(config: Mapping[str, Any]) -> str:
     """Why a config without a record cannot be split, as far as its config.json tells."""
     model_type = config.get("model_type")
@@ -181,7 +187,7 @@ def family_of(config: Any) -> ModelFamily:
     else:
         why = _missing(config if isinstance(config, Mapping) else config.to_dict())
     raise UnsupportedFamily(f"model_type {model_type!r} cannot be split by the policy pipeline: {why}; "
-                            f"families it splits: {', '.join(MODEL_FAMILIES)}")
+                            f"families it splits: {', '.join(supported_model_types())}")
 
 
 def _expert_rule(config: Any, name: str) -> tuple[str, ExpertWeights] | None:

@@ -39,7 +39,8 @@ Modules:
 """
 
 from rlft.pipeline.module import PolicyPipeline, build_policy_pipeline, pipeline_batch_iter, pipeline_logprobs
-from rlft.pipeline.stages import (SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES, attention_bias, compile_decoder_layers,
+from rlft.models.families import supported_model_types
+from rlft.pipeline.stages import (SUPPORTED_ATTENTION, attention_bias, compile_decoder_layers,
                                   layers_per_stage,
                                   next_token_logprobs, policy_layer_specs, position_ids_from_mask,
                                   stage_layer_range, valid_stage_counts)
@@ -48,6 +49,7 @@ from rlft.pipeline.weights import export_hf_state_dict, hf_named_parameters, loa
 __all__ = [
     "SUPPORTED_ATTENTION",
     "SUPPORTED_MODEL_TYPES",
+    "supported_model_types",
     "PolicyPipeline",
     "attention_bias",
     "build_policy_pipeline",
@@ -64,3 +66,11 @@ __all__ = [
     "stage_layer_range",
     "valid_stage_counts",
 ]
+
+
+def __getattr__(name: str):
+    """``SUPPORTED_MODEL_TYPES``: the families registered at the moment it is read (a plugin's too),
+    never a list kept from import time."""
+    if name == "SUPPORTED_MODEL_TYPES":
+        return supported_model_types()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

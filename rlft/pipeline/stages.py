@@ -19,11 +19,9 @@ import torch
 import torch.nn as nn
 from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
-from rlft.models.families import MODEL_FAMILIES, family_of
+from rlft.models.families import family_of
 from rlft.pipeline.token_logprobs import next_token_logprobs
 
-# The families rlft itself records (a plugin's register later: MODEL_FAMILIES holds them all).
-SUPPORTED_MODEL_TYPES = tuple(MODEL_FAMILIES)
 SUPPORTED_ATTENTION = ("eager", "sdpa")
 TIED_EMBEDDING_KEY = "embed_tokens"
 
