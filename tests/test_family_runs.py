@@ -7,7 +7,8 @@ Per family, a tiny model (2 layers) is taught to answer "What is a plus b?" (a +
 or 7 in the right format, half and half; one process then hosts every role (policy, HF sampler,
 reference), and 3 on-policy GRPO steps must raise the sampled reward.  The sampler gets the policy's
 weights after every step and its log-probs of its own samples equal the pipeline's
-(`rollout_mismatch/kl` 0), so the stages compute the family as HF does while it learns.  Measured
+(`rollout_mismatch/kl` 0), so the stages compute the family as HF does while it learns; the mixture of
+experts logs its routers' load-balancing loss (`moe/aux_loss`) every step.  Measured
 (2 loaded cores): 0.41 -> 0.66 (gemma3_text), 0.44 -> 0.69 (qwen3_moe); with the logits capped at 5
 instead of 30 the taught model starts at 0.2 and GRPO at this learning rate does not lift it in 3 steps.
 The learning canary (tests/test_learning_canary.py) checks the same on Llama with two ranks and 10 steps.
@@ -75,3 +76,7 @@ def test_grpo_raises_the_reward_on_each_family_kind(family, tmp_path):
     # 64 draws a step at p ~ 0.45: a std of 0.06 each; the runs rose by 0.25.
     assert rewards[-1] - rewards[0] > 0.15, f"the reward did not rise: {rewards}"
     assert all(abs(s["rollout_mismatch/kl"]) < 1e-6 for s in steps), [s["rollout_mismatch/kl"] for s in steps]
+    # A mixture of experts logs its routers' load-balancing loss every step (about top_k = 2 when the
+    # experts are evenly loaded; not trained on: the model's config leaves output_router_logits off).
+    routed = [s.get("moe/aux_loss") for s in steps]
+    assert all(1.5 < r < 4.0 for r in routed) if family == "qwen3_moe" else routed == [None] * STEPS, routed

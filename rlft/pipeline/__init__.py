@@ -10,7 +10,9 @@ Only tensors travel between stages: ``(hidden [B,T,H] float, attention_mask [B,T
 input_ids [B,T] long)``. Each stage rebuilds the position ids (``cumsum(mask) - 1``, right for left
 and right padding), RoPE tables and the causal+padding attention mask from the attention mask
 (:class:`StageContext`), so nothing float but the hidden state has to cross a stage boundary
-(DeepSpeed expects a gradient for every float tensor it sends).
+(DeepSpeed expects a gradient for every float tensor it sends); a mixture of experts' stages also carry
+their routers' sums ``[3, experts]`` fp32, from which the last stage returns HF's load-balancing loss after
+the log-probs (:mod:`rlft.pipeline.router`; not under activation checkpointing).
 
 The last stage never materialises an fp32 ``[B,T,V]`` tensor (the vocabulary is handled a chunk of
 tokens at a time, :mod:`rlft.pipeline.token_logprobs`): it returns the log-prob of
@@ -33,6 +35,7 @@ Modules:
 
     stages.py          partition and stage layers
     token_logprobs.py  log-probs over the vocabulary in chunks
+    router.py          a mixture of experts' load-balancing loss across the stages
     module.py          PolicyPipeline, feeding the DeepSpeed engine
     weights.py         HF names in and out
     lora.py            LoRA adapters on the pipeline's layers, merged for export and sync
