@@ -113,23 +113,24 @@ def qwen_tokenizer_dir() -> str:
 
 # Families beyond llama and qwen2, each with its own departure from Llama switched on: scaled embeddings
 # (gemma), soft-capped logits and attention (gemma2), local and global rotary tables (gemma3_text, which also
-# scales its embeddings and soft-caps its logits and attention), experts (qwen3_moe).
-OTHER_FAMILIES = ("gemma", "gemma2", "gemma3_text", "qwen3_moe")
+# scales its embeddings and soft-caps its logits and attention), experts (qwen3_moe), fused projections (phi3).
+OTHER_FAMILIES = ("gemma", "gemma2", "gemma3_text", "qwen3_moe", "phi3")
 
 
 def _family_config(family: str, common: dict) -> Any:
     """The config of a tiny model of one of :data:`OTHER_FAMILIES` from the common settings."""
-    from transformers import Gemma2Config, Gemma3TextConfig, GemmaConfig, Qwen3MoeConfig
+    from transformers import Gemma2Config, Gemma3TextConfig, GemmaConfig, Phi3Config, Qwen3MoeConfig
 
     if family == "gemma":
         return GemmaConfig(**common)
     if family == "gemma2":
-        return Gemma2Config(**common, sliding_window=8, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
-                            query_pre_attn_scalar=64)
+        return Gemma2Config(**common, sliding_window=8, final_logit_softcapping=30.0, attn_logit_softcapping=50.0)
     if family == "gemma3_text":
         kinds = ("sliding_attention", "full_attention")
         return Gemma3TextConfig(**common, sliding_window=8, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
                                 layer_types=[kinds[i % 2] for i in range(common["num_hidden_layers"])])
+    if family == "phi3":
+        return Phi3Config(**common)
     return Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
                           moe_intermediate_size=common["intermediate_size"] // 2, norm_topk_prob=True)
 
