@@ -101,11 +101,15 @@ def test_layers_chained_match_hf_logprobs_and_gradients(name):
     assert max(float(p.grad.abs().max()) for p in params.values()) > 1e-3
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
-def test_the_routers_load_balancing_loss_is_hfs_aux_loss(name):
+@pytest.mark.parametrize("name,dense", [("qwen3_moe", []), ("qwen3_moe", [1]), ("mixtral", [])])
+def test_the_routers_load_balancing_loss_is_hfs_aux_loss(name, dense):
     """The stages' sums of every router layer (rlft/pipeline/router.py) give HF's ``aux_loss`` on a padded
-    batch, and its gradient on every router."""
-    config, model = family_model(name, seed=8)
+    batch, and its gradient on every router; a dense layer among them (``mlp_only_layers``) has none."""
+    config = FAMILIES[name][0]()
+    config._attn_implementation = FAMILIES[name][1]
+    if dense:
+        config.mlp_only_layers = dense
+    model = random_hf_model(config, seed=8)
     batch = padded_batch(6, rows=3, T=8, left=(3, 0, 1), right=(0, 2, 0))
     run, params = chained_layers(config, model.state_dict())
     *_, aux = run((batch["input_ids"], batch["attention_mask"]))
@@ -115,7 +119,7 @@ def test_the_routers_load_balancing_loss_is_hfs_aux_loss(name):
     aux.backward()
     ref.backward()
     routers = [key for key in params if key.endswith(".mlp.gate.weight")]
-    assert len(routers) == LAYERS
+    assert len(routers) == LAYERS - len(dense)
     for key in routers:
         want = dict(model.named_parameters())[key].grad
         assert want.abs().max() > 1e-4 and (params[key].grad - want).abs().max() <= TOL, key
@@ -286,6 +290,19 @@ def test_the_routers_aux_loss_is_reported_and_trained_as_hf_adds_it(launches, mo
         assert (grads[key] - grad).abs().max() <= TOL * max(1.0, float(grad.abs().max())), key
     router = "model.layers.0.mlp.gate.weight"
     assert (grads[router] - grads_off[router]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("num_stages", [1, 2])
+def test_mixtral_reports_its_routers_aux_loss(launches, models, num_stages):
+    """Mixtral's routers (``num_local_experts``) give HF's ``aux_loss`` too, reported on every stage."""
+    model, batch, auxes = models["mixtral"][1], BATCHES["train"], []
+    with torch.no_grad():
+        for lo in range(0, MICRO_BATCH * GAS, MICRO_BATCH):
+            mb = {k: v[lo:lo + MICRO_BATCH] for k, v in batch.items()}
+            auxes.append(model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], output_router_logits=True,
+                               position_ids=position_ids_from_mask(mb["attention_mask"])).aux_loss.item())
+    for res in stage_results(launches, num_stages, "mixtral"):
+        assert res["metrics"]["aux_loss"].item() == pytest.approx(sum(auxes) / GAS, abs=TOL)
 
 
 @pytest.mark.parametrize("num_stages,name", [(n, case) for n, case in LAUNCHED if case in FAMILIES])

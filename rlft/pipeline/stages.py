@@ -267,11 +267,12 @@ class DecoderLayerPipe(nn.Module):
         self.layer = decoder_cls(config, layer_idx)
         self.context = context  # a plain object: not a submodule, no parameters
         family = family_of(config)
-        router = self.layer.get_submodule(family.router) if family.router else None
-        if isinstance(router, nn.Module) and family.router_shape(config) is not None:  # a dense layer has none
-            self.router_logits, self.router_top_k = RouterLogits(router), family.router_shape(config)[1]
-        else:
-            self.router_logits = None
+        try:
+            router = self.layer.get_submodule(family.router) if family.router else None
+        except AttributeError:  # a dense layer among the experts' (qwen3_moe's mlp_only_layers)
+            router = None
+        self.router_logits = RouterLogits(router) if router is not None else None
+        self.router_top_k = family.router_shape(config)[1] if router is not None else 0
 
     def hf_name(self, local_name: str) -> str:
         return f"model.layers.{self.layer_idx}." + local_name.removeprefix("layer.")
