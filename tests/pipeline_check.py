@@ -39,28 +39,39 @@ from rlft.pipeline import (build_policy_pipeline, compile_decoder_layers, export
 
 class MaskedNLL:
     """loss = mean of -logp over the response mask; reports the masked mean entropy and the token
-    count of each micro-batch through the module's metrics hook."""
+    count of each micro-batch through the module's metrics hook.  A mixture of experts: plus its
+    routers' load-balancing loss (``aux_loss``, reported) times the family's weight for the config (the
+    config's ``router_aux_loss_coef`` where ``output_router_logits`` is on, else 0), as the policy does."""
 
-    metric_names = ("entropy", "tokens")
+    def __init__(self, config, checkpointed):
+        from rlft.models.families import family_of
 
-    def __init__(self):
+        family = family_of(config)
+        self.routed = family.router_shape(config) is not None and not checkpointed  # as the stages carry it
+        self.aux_weight = family.aux_loss_weight(config)
+        self.metric_names = ("entropy", "tokens", *(("aux_loss",) if self.routed else ()))
         self.module = None
 
     def __call__(self, outputs, labels):
-        logp, entropy = outputs
+        logp, entropy = outputs[:2]
         (response_mask,) = labels
         tokens = response_mask.sum()
-        self.module.set_metrics({"entropy": (entropy * response_mask).sum() / tokens, "tokens": tokens})
-        return -(logp * response_mask).sum() / tokens
+        metrics = {"entropy": (entropy * response_mask).sum() / tokens, "tokens": tokens}
+        loss = -(logp * response_mask).sum() / tokens
+        if self.routed:
+            metrics["aux_loss"] = outputs[-1]
+            loss = loss + self.aux_weight * outputs[-1]
+        self.module.set_metrics(metrics)
+        return loss
 
 
 def run_case(case, data, out_dir):
     config = AutoConfig.from_pretrained(case["model_dir"])
     config._attn_implementation = case["attn_implementation"]
-    loss_fn = MaskedNLL()
+    loss_fn = MaskedNLL(config, case["activation_checkpoint_interval"])
     module = build_policy_pipeline(config, num_stages=dist.get_world_size(), loss_fn=loss_fn,
                                    activation_checkpoint_interval=case["activation_checkpoint_interval"],
-                                   metric_names=MaskedNLL.metric_names)
+                                   metric_names=loss_fn.metric_names)
     loss_fn.module = module
     try:  # strict: an empty source must name every parameter of this stage
         load_hf_weights(module, {})

@@ -25,6 +25,7 @@ from launching import REPO, run_pipeline_checks, stage_results
 from rlft.models import families
 from rlft.models.families import UnsupportedFamily, family_of
 from test_lora import peft_model_of, peft_reference_step
+from rlft.pipeline.stages import position_ids_from_mask
 from test_pipeline import (BATCHES, GAS, MICRO_BATCH, TINY, TOL, chained_layers, hf_logprobs, hf_reference_step,
                            padded_batch, random_hf_model, scored)
 
@@ -85,7 +86,7 @@ def test_layers_chained_match_hf_logprobs_and_gradients(name):
     config, model = family_model(name, seed=1)
     batch = padded_batch(2, rows=4, T=9, left=(3, 0, 1, 0), right=(0, 2, 0, 0))
     run, params = chained_layers(config, model.state_dict())
-    logp, entropy = run((batch["input_ids"], batch["attention_mask"]))
+    logp, entropy = run((batch["input_ids"], batch["attention_mask"]))[:2]  # experts: the routers' loss last
     ref_logp, ref_entropy = hf_logprobs(model, batch)
     valid = scored(batch)
     assert (logp - ref_logp.detach())[valid].abs().max() <= TOL
@@ -98,6 +99,34 @@ def test_layers_chained_match_hf_logprobs_and_gradients(name):
         want = hf_params[key].grad
         assert (p.grad - want).abs().max() <= TOL * max(1.0, float(want.abs().max())), key
     assert max(float(p.grad.abs().max()) for p in params.values()) > 1e-3
+
+
+@pytest.mark.parametrize("name,dense", [("qwen3_moe", []), ("qwen3_moe", [1]), ("mixtral", [])])
+def test_the_routers_load_balancing_loss_is_hfs_aux_loss(name, dense):
+    """The stages' sums of every router layer (rlft/pipeline/router.py) give HF's ``aux_loss`` on a padded
+    batch, and its gradient on every router; a dense layer among them (``mlp_only_layers``) has none."""
+    config = FAMILIES[name][0]()
+    config._attn_implementation = FAMILIES[name][1]
+    if dense:
+        config.mlp_only_layers = dense
+    model = random_hf_model(config, seed=8)
+    batch = padded_batch(6, rows=3, T=8, left=(3, 0, 1), right=(0, 2, 0))
+    run, params = chained_layers(config, model.state_dict())
+    *_, aux = run((batch["input_ids"], batch["attention_mask"]))
+    ref = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_router_logits=True,
+                position_ids=position_ids_from_mask(batch["attention_mask"])).aux_loss
+    assert abs(aux.item() - ref.item()) <= TOL and ref.item() > 1.0  # top_k (2) for evenly loaded experts
+    aux.backward()
+    ref.backward()
+    routers = [key for key in params if key.endswith(".mlp.gate.weight")]
+    assert len(routers) == LAYERS - len(dense)
+    for key in routers:
+        want = dict(model.named_parameters())[key].grad
+        assert want.abs().max() > 1e-4 and (params[key].grad - want).abs().max() <= TOL, key
+    # The pads are left out: counting them (the same ids, no pads) gives another loss.
+    unpadded = padded_batch(6, rows=3, T=8)
+    *_, aux_all = run((unpadded["input_ids"], unpadded["attention_mask"]))
+    assert abs(aux_all.item() - aux.item()) > 1e-4
 
 
 @pytest.mark.parametrize("name,dropped", FEATURES)
@@ -161,7 +190,9 @@ def test_chunked_logprobs_apply_the_logit_transform_and_its_gradient(transform):
 # --------------------------------------------------------------------------------------------
 
 CHECKPOINTED = ("gemma3_text", "qwen3_moe")  # activation checkpointing: layers recomputed in backward
-CASES = {**{name: (name, 0) for name in FAMILIES}, **{f"{name}_ckpt": (name, 1) for name in CHECKPOINTED}}
+AUX_COEF = 0.5  # qwen3_moe_aux: the routers' load-balancing loss on (HF's switch), weighed heavily
+CASES = {**{name: (name, 0) for name in FAMILIES}, **{f"{name}_ckpt": (name, 1) for name in CHECKPOINTED},
+         "qwen3_moe_aux": ("qwen3_moe_aux", 0)}
 LAUNCHED = [(n, case) for n in (1, 2) for case in CASES]
 LORA_LAUNCHED = [(n, name) for n in (1, 2) for name in LORA]
 
@@ -175,6 +206,11 @@ def models(tmp_path_factory):
         _, model = family_model(name, seed=40 + seed)
         model.save_pretrained(root / name)
         out[name] = (root / name, model)
+        if name == "qwen3_moe":  # the same weights, the aux loss switched on in its config
+            model.config.output_router_logits, model.config.router_aux_loss_coef = True, AUX_COEF
+            model.save_pretrained(root / "qwen3_moe_aux")
+            out["qwen3_moe_aux"] = (root / "qwen3_moe_aux", model)
+            model.config.output_router_logits = False
         if name in LORA:
             peft_model = peft_model_of(model, LORA[name], seed=60 + seed)
             peft_model.save_pretrained(root / f"{name}_adapter")
@@ -186,7 +222,7 @@ def models(tmp_path_factory):
 def launches(models, tmp_path_factory):
     def case(case_name, name, checkpointed=0, lora=False):
         c = {"name": case_name, "model_dir": str(models[name][0]), "load_from": "dir",
-             "attn_implementation": FAMILIES[name][1], "micro_batch_size": MICRO_BATCH,
+             "attn_implementation": FAMILIES[name.removesuffix("_aux")][1], "micro_batch_size": MICRO_BATCH,
              "gradient_accumulation_steps": GAS, "activation_checkpoint_interval": checkpointed}
         if lora:
             c["lora"] = {"settings": LORA[name], "seed": 5, "adapter_dir": str(models[f"{name}_lora"][3])}
@@ -204,7 +240,7 @@ def merged(results, key):
     return out
 
 
-@pytest.mark.parametrize("num_stages,case", LAUNCHED)
+@pytest.mark.parametrize("num_stages,case", [(n, case) for n, case in LAUNCHED if case != "qwen3_moe_aux"])
 def test_pipeline_logprobs_and_gradients_match_hf(launches, models, num_stages, case):
     model = models[CASES[case][0]][1]
     results = stage_results(launches, num_stages, case)
@@ -221,6 +257,52 @@ def test_pipeline_logprobs_and_gradients_match_hf(launches, models, num_stages, 
     for key, grad in ref_grads.items():
         assert (grads[key] - grad).abs().max() <= TOL * max(1.0, float(grad.abs().max())), key
     assert all(res["loss"].item() == pytest.approx(ref_loss, abs=TOL) for res in results)
+
+
+@pytest.mark.parametrize("num_stages", [1, 2])
+def test_the_routers_aux_loss_is_reported_and_trained_as_hf_adds_it(launches, models, num_stages):
+    """qwen3_moe with ``output_router_logits`` on: every stage reports HF's ``aux_loss`` of the
+    micro-batches, the loss is the NLL plus ``router_aux_loss_coef`` times it, and the gradients are HF's
+    of that sum; with the switch off the same model reports the same aux loss and trains on the NLL alone
+    (its routers' gradients differ)."""
+    model = models["qwen3_moe_aux"][1]
+    batch, auxes, losses = BATCHES["train"], [], []
+    model.zero_grad()
+    for lo in range(0, MICRO_BATCH * GAS, MICRO_BATCH):
+        mb = {k: v[lo:lo + MICRO_BATCH] for k, v in batch.items()}
+        out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], output_router_logits=True,
+                    position_ids=position_ids_from_mask(mb["attention_mask"]))
+        logp = out.logits[:, :-1].float().log_softmax(-1).gather(-1, mb["input_ids"][:, 1:, None]).squeeze(-1)
+        loss = -(logp * mb["response_mask"]).sum() / mb["response_mask"].sum() + AUX_COEF * out.aux_loss
+        (loss / GAS).backward()
+        auxes.append(out.aux_loss.item())
+        losses.append(loss.item())
+    ref_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    results = stage_results(launches, num_stages, "qwen3_moe_aux")
+    off = stage_results(launches, num_stages, "qwen3_moe")
+    for res in results + off:
+        assert res["metrics"]["aux_loss"].item() == pytest.approx(sum(auxes) / GAS, abs=TOL)
+    assert all(res["loss"].item() == pytest.approx(sum(losses) / GAS, abs=TOL) for res in results)
+    grads, grads_off = merged(results, "grads"), merged(off, "grads")
+    assert grads.keys() == ref_grads.keys()
+    for key, grad in ref_grads.items():
+        assert (grads[key] - grad).abs().max() <= TOL * max(1.0, float(grad.abs().max())), key
+    router = "model.layers.0.mlp.gate.weight"
+    assert (grads[router] - grads_off[router]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("num_stages", [1, 2])
+def test_mixtral_reports_its_routers_aux_loss(launches, models, num_stages):
+    """Mixtral's routers (``num_local_experts``) give HF's ``aux_loss`` too, reported on every stage."""
+    model, batch, auxes = models["mixtral"][1], BATCHES["train"], []
+    with torch.no_grad():
+        for lo in range(0, MICRO_BATCH * GAS, MICRO_BATCH):
+            mb = {k: v[lo:lo + MICRO_BATCH] for k, v in batch.items()}
+            auxes.append(model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], output_router_logits=True,
+                               position_ids=position_ids_from_mask(mb["attention_mask"])).aux_loss.item())
+    for res in stage_results(launches, num_stages, "mixtral"):
+        assert res["metrics"]["aux_loss"].item() == pytest.approx(sum(auxes) / GAS, abs=TOL)
 
 
 @pytest.mark.parametrize("num_stages,name", [(n, case) for n, case in LAUNCHED if case in FAMILIES])
@@ -339,6 +421,11 @@ def test_refusals_come_before_any_rank_starts(tmp_path):
     assert "LoRA may adapt qkv_proj, o_proj, gate_up_proj, down_proj" in phi3.stderr
     assert launch_plan(tmp_path, {"model_type": "phi3"}, "model.lora.enabled=true",
                        "model.lora.target_modules=[qkv_proj,gate_up_proj]").returncode == 0
+    aux = {"model_type": "qwen3_moe", "output_router_logits": True, "router_aux_loss_coef": 0.01}
+    ckpt = launch_plan(tmp_path, aux, "model.activation_checkpointing=true", "sampling.backend=hf")
+    assert ckpt.returncode == 2 and ckpt.stderr.count("\n") == 1
+    assert "model.activation_checkpointing:" in ckpt.stderr and "output_router_logits: false" in ckpt.stderr
+    assert launch_plan(tmp_path, aux, "sampling.backend=hf").returncode == 0
 
 
 def test_a_family_vllm_cannot_serve_points_to_the_hf_engine(tmp_path):
@@ -359,6 +446,46 @@ def test_a_family_vllm_cannot_serve_points_to_the_hf_engine(tmp_path):
         assert any("vLLM cannot serve llama_novllm" in why for _, why in usable)
     finally:
         del families.MODEL_FAMILIES["llama_novllm"]
+
+
+def test_a_family_registered_after_import_is_accepted_everywhere(tmp_path):
+    """The list of families is read at each call, not kept from import: a family a plugin registers
+    later is in ``SUPPORTED_MODEL_TYPES``, split by the stages (HF's log-probs), checked at launch, and
+    gone again once unregistered."""
+    import rlft.pipeline
+    from rlft.config import build_config
+    from rlft.config.model_family import check_model_family
+    from rlft.config.schema import ConfigError
+    from rlft.models.families import ModelFamily, register_model_family, supported_model_types
+    from transformers import LlamaConfig
+
+    assert "llama_late" not in rlft.pipeline.SUPPORTED_MODEL_TYPES
+    config = LlamaConfig(**TINY, num_hidden_layers=2)
+    config._attn_implementation = "sdpa"
+    model = random_hf_model(config, seed=7)
+    config.model_type = "llama_late"  # the same layers under a type no record named at import
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama_late"}))
+    with pytest.raises(ConfigError, match="model_type 'llama_late' cannot be split"):
+        check_model_family(build_config({}), tmp_path)
+    register_model_family(ModelFamily("llama_late", modeling="transformers.models.llama.modeling_llama",
+                                      class_prefix="Llama"))
+    try:
+        assert "llama_late" in rlft.pipeline.SUPPORTED_MODEL_TYPES and "llama_late" in supported_model_types()
+        assert family_of({"model_type": "llama_late"}).model_type == "llama_late"
+        check_model_family(build_config({}), tmp_path)  # accepted before any rank starts
+        with pytest.raises(UnsupportedFamily, match="families it splits: .*, llama_late$"):
+            family_of({"model_type": "gpt2"})
+        batch = padded_batch(8, rows=2, T=7, left=(2, 0))
+        run, _ = chained_layers(config, model.state_dict())
+        with torch.no_grad():
+            logp, _ = run((batch["input_ids"], batch["attention_mask"]))
+            ref_logp, _ = hf_logprobs(model, batch)
+        assert (logp - ref_logp)[scored(batch)].abs().max() <= TOL
+    finally:
+        del families.MODEL_FAMILIES["llama_late"]
+    assert "llama_late" not in rlft.pipeline.SUPPORTED_MODEL_TYPES
+    with pytest.raises(UnsupportedFamily):
+        family_of({"model_type": "llama_late"})
 
 
 def test_the_hf_engine_takes_experts_under_the_checkpoint_names():

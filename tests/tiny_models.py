@@ -111,6 +111,30 @@ def qwen_tokenizer_dir() -> str:
     return str(Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files")
 
 
+# Families beyond llama and qwen2, each with its own departure from Llama switched on: scaled embeddings
+# (gemma), soft-capped logits and attention (gemma2), local and global rotary tables (gemma3_text, which also
+# scales its embeddings and soft-caps its logits and attention), experts (qwen3_moe), fused projections (phi3).
+OTHER_FAMILIES = ("gemma", "gemma2", "gemma3_text", "qwen3_moe", "phi3")
+
+
+def _family_config(family: str, common: dict) -> Any:
+    """The config of a tiny model of one of :data:`OTHER_FAMILIES` from the common settings."""
+    from transformers import Gemma2Config, Gemma3TextConfig, GemmaConfig, Phi3Config, Qwen3MoeConfig
+
+    if family == "gemma":
+        return GemmaConfig(**common)
+    if family == "gemma2":
+        return Gemma2Config(**common, sliding_window=8, final_logit_softcapping=30.0, attn_logit_softcapping=50.0)
+    if family == "gemma3_text":
+        kinds = ("sliding_attention", "full_attention")
+        return Gemma3TextConfig(**common, sliding_window=8, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
+                                layer_types=[kinds[i % 2] for i in range(common["num_hidden_layers"])])
+    if family == "phi3":
+        return Phi3Config(**common)
+    return Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
+                          moe_intermediate_size=common["intermediate_size"] // 2, norm_topk_prob=True)
+
+
 def tiny_model_dir(path: str | os.PathLike, *, family: str = "llama", tie_word_embeddings: bool = True,
                    num_layers: int = 4, hidden_size: int = 128, num_heads: int = 2,
                    num_kv_heads: int = 1, intermediate_size: int = 256, vocab_size: int = 400,
@@ -145,8 +169,10 @@ def tiny_model_dir(path: str | os.PathLike, *, family: str = "llama", tie_word_e
         config = LlamaConfig(**common, rms_norm_eps=1e-5, rope_theta=100000.0)
     elif family == "qwen2":
         config = Qwen2Config(**common, rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False)
+    elif family in OTHER_FAMILIES:
+        config = _family_config(family, common)
     else:
-        raise ValueError(f"unknown tiny model family {family!r}: use 'llama' or 'qwen2'")
+        raise ValueError(f"unknown tiny model family {family!r}: use one of llama, qwen2, {', '.join(OTHER_FAMILIES)}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -40,6 +40,11 @@ def check_model_family(cfg, model_dir: Path | None) -> None:
         raise ConfigError(f"model.attn_implementation: {family.model_type} soft-caps its attention logits "
                           f"({family.attention_softcap}), which only eager attention applies: set "
                           f"model.attn_implementation=eager")
+    if family.aux_loss_weight(config) and cfg.model.activation_checkpointing:
+        raise ConfigError(f"model.activation_checkpointing: {model_dir}'s config adds its routers' load-balancing loss "
+                          f"({family.aux_loss_switch}, {family.aux_loss_coef}), which the pipeline computes without "
+                          f"activation checkpointing only; set model.activation_checkpointing=false or "
+                          f"{family.aux_loss_switch}: false in its config.json")
     choices = candidates(cfg.sampling.backend)
     refusals = [why for why in (b.refuses_family(family) for b in choices) if why]
     if len(refusals) == len(choices):  # auto falls back to an engine that serves it, where one does

@@ -16,6 +16,9 @@ records say how each family departs from Llama's plain form:
   (and vLLM's ``load_weights``) holds mixture-of-experts weights one tensor per expert, which the
   model fuses into one ``[experts, …]`` parameter (:class:`ExpertWeights`), and may name a module
   otherwise (Mixtral's ``block_sparse_moe``: ``checkpoint_renames``);
+* a mixture of experts' router (``router``: the module of a decoder layer whose first output is its
+  logits) and the config values its load-balancing loss reads; HF's own switch and weight of that loss,
+  ``output_router_logits`` and ``router_aux_loss_coef`` in the model's config, turn it on and weigh it;
 * the linear projections LoRA may adapt (``model.lora.target_modules``);
 * whether vLLM serves it (else ``sampling.backend=hf``).
 
@@ -76,6 +79,11 @@ class ModelFamily:
     vllm: bool = True  # vLLM serves it, its load_weights taking the checkpoint's names
     vllm_cpu: bool = True  # vLLM's CPU build computes it as HF does, after an in-place weight sync too
     refused_when: tuple[tuple[str, str], ...] = ()  # (config attribute, why) refused where it is true
+    router: str | None = None  # a decoder layer's router module (its first output: the logits), e.g. mlp.gate
+    router_experts: str = "num_experts"  # config attributes: how many experts, how many per token
+    router_top_k: str = "num_experts_per_tok"
+    aux_loss_switch: str = "output_router_logits"  # config attribute: the load-balancing loss is added
+    aux_loss_coef: str = "router_aux_loss_coef"  # config attribute: its weight in the loss
 
     def module_name(self) -> str:
         return self.modeling or f"transformers.models.{self.model_type}.modeling_{self.model_type}"
@@ -94,6 +102,19 @@ class ModelFamily:
         if self.embedding_scale == SQRT_HIDDEN:
             return float(config.hidden_size) ** 0.5
         return float(getattr(config, self.embedding_scale))
+
+    def router_shape(self, config: Any) -> tuple[int, int] | None:
+        """``(experts, experts per token)`` where the family has a router, else None."""
+        if self.router is None:
+            return None
+        return int(_get(config, self.router_experts)), int(_get(config, self.router_top_k))
+
+    def aux_loss_weight(self, config: Any) -> float:
+        """The router's load-balancing loss's weight in the training loss: the config's coefficient where
+        its switch is on (HF's ``output_router_logits``), else 0 (logged, not trained on)."""
+        if self.router is None or not _get(config, self.aux_loss_switch, False):
+            return 0.0
+        return float(_get(config, self.aux_loss_coef, 0.0) or 0.0)
 
     def logit_transform(self, config: Any) -> tuple[float | None, float | None]:
         """``(divisor, softcap)`` of the output logits, each None where the config sets none."""
@@ -137,12 +158,13 @@ for _record in (
                 embedding_scale=SQRT_HIDDEN, embedding_scale_in_dtype=True, rotary_per_layer_type=True,
                 logits_softcap="final_logit_softcapping", attention_softcap="attn_logit_softcapping",
                 refused_when=(("use_bidirectional_attention", "bidirectional attention (an encoder)"),)),
-    ModelFamily("qwen3_moe", lora_targets=ATTENTION,  # experts are 3D parameters, not linear layers
+    ModelFamily("qwen3_moe", lora_targets=ATTENTION, router="mlp.gate",  # experts: 3D parameters, not linear layers
                 expert_weights=(ExpertWeights("mlp.experts.gate_up_proj",
                                               ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight")),
                                 ExpertWeights("mlp.experts.down_proj", ("mlp.experts.{e}.down_proj.weight",))),
                 vllm_cpu=False),
-    ModelFamily("mixtral", lora_targets=ATTENTION, checkpoint_renames=((".mlp.", ".block_sparse_moe."),),
+    ModelFamily("mixtral", lora_targets=ATTENTION, router="mlp.gate", router_experts="num_local_experts",
+                checkpoint_renames=((".mlp.", ".block_sparse_moe."),),
                 expert_weights=(ExpertWeights("mlp.experts.gate_up_proj", ("block_sparse_moe.experts.{e}.w1.weight",
                                                                            "block_sparse_moe.experts.{e}.w3.weight")),
                                 ExpertWeights("mlp.experts.down_proj", ("block_sparse_moe.experts.{e}.w2.weight",))),
@@ -153,6 +175,12 @@ for _record in (
 # Types known to hold more than a stack of attention decoder layers.
 _HYBRID = ("qwen3_next", "jamba", "mamba", "mamba2", "falcon_h1", "falcon_mamba", "zamba", "zamba2", "bamba",
            "granitemoehybrid", "lfm2", "nemotron_h", "minimax", "recurrent_gemma", "rwkv", "qwen3_5", "qwen3_5_moe")
+
+
+def supported_model_types() -> tuple[str, ...]:
+    """The model types the pipeline splits now: rlft's records and every one a plugin registered since
+    (read at each call, never kept: a family registered after import is in it)."""
+    return tuple(MODEL_FAMILIES)
 
 
 def _missing(config: Mapping[str, Any]) -> str:
@@ -181,7 +209,7 @@ def family_of(config: Any) -> ModelFamily:
     else:
         why = _missing(config if isinstance(config, Mapping) else config.to_dict())
     raise UnsupportedFamily(f"model_type {model_type!r} cannot be split by the policy pipeline: {why}; "
-                            f"families it splits: {', '.join(MODEL_FAMILIES)}")
+                            f"families it splits: {', '.join(supported_model_types())}")
 
 
 def _expert_rule(config: Any, name: str) -> tuple[str, ExpertWeights] | None:

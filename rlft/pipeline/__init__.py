@@ -10,7 +10,9 @@ Only tensors travel between stages: ``(hidden [B,T,H] float, attention_mask [B,T
 input_ids [B,T] long)``. Each stage rebuilds the position ids (``cumsum(mask) - 1``, right for left
 and right padding), RoPE tables and the causal+padding attention mask from the attention mask
 (:class:`StageContext`), so nothing float but the hidden state has to cross a stage boundary
-(DeepSpeed expects a gradient for every float tensor it sends).
+(DeepSpeed expects a gradient for every float tensor it sends); a mixture of experts' stages also carry
+their routers' sums ``[3, experts]`` fp32, from which the last stage returns HF's load-balancing loss after
+the log-probs (:mod:`rlft.pipeline.router`; not under activation checkpointing).
 
 The last stage never materialises an fp32 ``[B,T,V]`` tensor (the vocabulary is handled a chunk of
 tokens at a time, :mod:`rlft.pipeline.token_logprobs`): it returns the log-prob of
@@ -33,13 +35,15 @@ Modules:
 
     stages.py          partition and stage layers
     token_logprobs.py  log-probs over the vocabulary in chunks
+    router.py          a mixture of experts' load-balancing loss across the stages
     module.py          PolicyPipeline, feeding the DeepSpeed engine
     weights.py         HF names in and out
     lora.py            LoRA adapters on the pipeline's layers, merged for export and sync
 """
 
 from rlft.pipeline.module import PolicyPipeline, build_policy_pipeline, pipeline_batch_iter, pipeline_logprobs
-from rlft.pipeline.stages import (SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES, attention_bias, compile_decoder_layers,
+from rlft.models.families import supported_model_types
+from rlft.pipeline.stages import (SUPPORTED_ATTENTION, attention_bias, compile_decoder_layers,
                                   layers_per_stage,
                                   next_token_logprobs, policy_layer_specs, position_ids_from_mask,
                                   stage_layer_range, valid_stage_counts)
@@ -48,6 +52,7 @@ from rlft.pipeline.weights import export_hf_state_dict, hf_named_parameters, loa
 __all__ = [
     "SUPPORTED_ATTENTION",
     "SUPPORTED_MODEL_TYPES",
+    "supported_model_types",
     "PolicyPipeline",
     "attention_bias",
     "build_policy_pipeline",
@@ -64,3 +69,11 @@ __all__ = [
     "stage_layer_range",
     "valid_stage_counts",
 ]
+
+
+def __getattr__(name: str):
+    """``SUPPORTED_MODEL_TYPES``: the families registered at the moment it is read (a plugin's too),
+    never a list kept from import time."""
+    if name == "SUPPORTED_MODEL_TYPES":
+        return supported_model_types()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

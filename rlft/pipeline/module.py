@@ -34,7 +34,10 @@ class PolicyPipeline(PipelineModule):
                  metric_names: Sequence[str] = ()):
         config = prepare_config(hf_config)
         layers_per_stage(config.num_hidden_layers, num_stages)  # clear error before any comms
-        super().__init__(layers=policy_layer_specs(config, compute_entropy), num_stages=num_stages,
+        # DeepSpeed's pipeline runs backward once per float tensor a stage sends, and its activation
+        # checkpoints recompute once: a mixture of experts' routers' sums travel only without them.
+        super().__init__(layers=policy_layer_specs(config, compute_entropy, activation_checkpoint_interval == 0),
+                         num_stages=num_stages,
                          loss_fn=loss_fn, activation_checkpoint_interval=activation_checkpoint_interval,
                          checkpointable_layers=[DecoderLayerPipe.__name__], dynamic_shape=True)
         self.hf_config = config

@@ -1,6 +1,7 @@
 """The policy's stages: the ``ceil(L/S)`` partition and the HF model pieces each stage runs.
 
-Only tensors travel between stages (``(hidden, attention_mask, input_ids)``); each stage rebuilds
+Only tensors travel between stages (``(hidden, attention_mask, input_ids)``, and a mixture of experts'
+routers' sums, :mod:`rlft.pipeline.router`); each stage rebuilds
 position ids, RoPE tables and the 4D mask from the attention mask (:class:`StageContext`).  What
 differs between decoder families (scaled embeddings, rotary tables per layer type, the final norm,
 transformed logits) comes from the family's record (:mod:`rlft.models.families`); the decoder layers
@@ -19,11 +20,11 @@ import torch
 import torch.nn as nn
 from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
-from rlft.models.families import MODEL_FAMILIES, family_of
+from rlft.models.families import family_of
+from rlft.pipeline.router import (RouterLogits, add_router_statistics, empty_router_statistics,
+                                  load_balancing_loss)
 from rlft.pipeline.token_logprobs import next_token_logprobs
 
-# The families rlft itself records (a plugin's register later: MODEL_FAMILIES holds them all).
-SUPPORTED_MODEL_TYPES = tuple(MODEL_FAMILIES)
 SUPPORTED_ATTENTION = ("eager", "sdpa")
 TIED_EMBEDDING_KEY = "embed_tokens"
 
@@ -150,7 +151,7 @@ class EmbeddingPipe(nn.Module):
     (see :func:`_tied_head_forward`).
     """
 
-    def __init__(self, config):
+    def __init__(self, config, router_statistics: bool = True):
         super().__init__()
         family = family_of(config)
         # padding_idx as in the HF model: its row gets no gradient there either.
@@ -159,6 +160,8 @@ class EmbeddingPipe(nn.Module):
         self.scale = family.embedding_multiplier(config)
         self.scale_in_dtype = family.embedding_scale_in_dtype
         self.logit_transform = family.logit_transform(config)  # as the tied output layer
+        # A mixture of experts: its routers' sums travel with the hidden state (rlft/pipeline/router.py)
+        self.router_shape = family.router_shape(config) if router_statistics else None
 
     @staticmethod
     def hf_name(local_name: str) -> str:
@@ -170,6 +173,8 @@ class EmbeddingPipe(nn.Module):
         if self.scale is not None:  # Gemma: sqrt(hidden_size) rounded to the model's dtype; Granite: a float
             scale = torch.tensor(self.scale, device=hidden.device).to(hidden.dtype) if self.scale_in_dtype else self.scale
             hidden = hidden * scale
+        if self.router_shape is not None:
+            return hidden, attention_mask, input_ids, empty_router_statistics(self.router_shape[0], hidden.device)
         return hidden, attention_mask, input_ids
 
 
@@ -261,12 +266,19 @@ class DecoderLayerPipe(nn.Module):
         self.layer_type = layer_types[layer_idx] if layer_types else None
         self.layer = decoder_cls(config, layer_idx)
         self.context = context  # a plain object: not a submodule, no parameters
+        family = family_of(config)
+        try:
+            router = self.layer.get_submodule(family.router) if family.router else None
+        except AttributeError:  # a dense layer among the experts' (qwen3_moe's mlp_only_layers)
+            router = None
+        self.router_logits = RouterLogits(router) if router is not None else None
+        self.router_top_k = family.router_shape(config)[1] if router is not None else 0
 
     def hf_name(self, local_name: str) -> str:
         return f"model.layers.{self.layer_idx}." + local_name.removeprefix("layer.")
 
     def forward(self, inputs):
-        hidden, attention_mask, input_ids = inputs
+        hidden, attention_mask, input_ids, *router_stats = inputs
         ctx = self.context
         with sdpa_backends():
             out = self.layer(hidden,
@@ -276,7 +288,10 @@ class DecoderLayerPipe(nn.Module):
                              position_embeddings=ctx.rope(attention_mask, hidden, self.layer_type))
         if isinstance(out, tuple):  # transformers < 4.54 returned (hidden, ...)
             out = out[0]
-        return out, attention_mask, input_ids
+        if router_stats and self.router_logits is not None:
+            router_stats = [add_router_statistics(router_stats[0], self.router_logits.take(), attention_mask,
+                                                  self.router_top_k)]
+        return out, attention_mask, input_ids, *router_stats
 
 
 def compile_decoder_layers(module: nn.Module) -> int:
@@ -307,8 +322,8 @@ class FinalNormPipe(nn.Module):
         return "model." + local_name
 
     def forward(self, inputs):
-        hidden, attention_mask, input_ids = inputs
-        return self.norm(hidden), attention_mask, input_ids
+        hidden, attention_mask, input_ids, *router_stats = inputs
+        return self.norm(hidden), attention_mask, input_ids, *router_stats
 
 
 class LMHeadPipe(nn.Module):
@@ -326,16 +341,24 @@ class LMHeadPipe(nn.Module):
         return local_name
 
     def forward(self, inputs):
-        hidden, _, input_ids = inputs
-        return next_token_logprobs(hidden, self.lm_head.weight, input_ids, self.compute_entropy,
-                                   fused=self.fused_logprobs, logit_transform=self.logit_transform)
+        hidden, _, input_ids = inputs[:3]
+        out = next_token_logprobs(hidden, self.lm_head.weight, input_ids, self.compute_entropy,
+                                  fused=self.fused_logprobs, logit_transform=self.logit_transform)
+        return with_router_loss(out, inputs)
 
 
 def _tied_head_forward(embedding: EmbeddingPipe, inputs, compute_entropy: bool = True):
     """Last stage, tied: the embedding matrix (unscaled) as output projection (``TiedLayerSpec.forward_fn``)."""
-    hidden, _, input_ids = inputs
-    return next_token_logprobs(hidden, embedding.embed_tokens.weight, input_ids, compute_entropy,
-                               fused=embedding.fused_logprobs, logit_transform=embedding.logit_transform)
+    hidden, _, input_ids = inputs[:3]
+    out = next_token_logprobs(hidden, embedding.embed_tokens.weight, input_ids, compute_entropy,
+                              fused=embedding.fused_logprobs, logit_transform=embedding.logit_transform)
+    return with_router_loss(out, inputs)
+
+
+def with_router_loss(out: tuple, inputs: tuple) -> tuple:
+    """The output layer's ``(logp[, entropy])``, and last the routers' load-balancing loss where the
+    stages carried their sums (a mixture of experts, :mod:`rlft.pipeline.router`)."""
+    return (*out, load_balancing_loss(inputs[3])) if len(inputs) > 3 else out
 
 
 def is_tied(config) -> bool:
@@ -344,25 +367,27 @@ def is_tied(config) -> bool:
     return bool(getattr(config, family_of(config).tied_embeddings, False))
 
 
-def policy_layer_specs(hf_config, compute_entropy: bool = True) -> list[LayerSpec]:
+def policy_layer_specs(hf_config, compute_entropy: bool = True, router_statistics: bool = True) -> list[LayerSpec]:
     """``[embedding, decoder_0 .. decoder_{L-1}, final_norm, head]`` as DeepSpeed layer specs.
 
     With ``tie_word_embeddings`` the embedding and the head are one ``TiedLayerSpec`` key, so
     DeepSpeed keeps the first and last stage's copies equal and all-reduces their gradients.
+    ``router_statistics``: a mixture of experts' stages carry their routers' sums and the head returns
+    the load-balancing loss last (:mod:`rlft.pipeline.router`).
     """
     config = prepare_config(hf_config)
     specs: list[LayerSpec] = []
     tied = is_tied(config)
     if tied:
-        specs.append(TiedLayerSpec(TIED_EMBEDDING_KEY, EmbeddingPipe, config,
+        specs.append(TiedLayerSpec(TIED_EMBEDDING_KEY, EmbeddingPipe, config, router_statistics,
                                    tied_weight_attr=["embed_tokens.weight"]))
     else:
-        specs.append(LayerSpec(EmbeddingPipe, config))
+        specs.append(LayerSpec(EmbeddingPipe, config, router_statistics))
     context = StageContext(config)  # shared by whichever decoder layers this process builds
     specs += [LayerSpec(DecoderLayerPipe, config, i, context) for i in range(config.num_hidden_layers)]
     specs.append(LayerSpec(FinalNormPipe, config))
     if tied:
-        specs.append(TiedLayerSpec(TIED_EMBEDDING_KEY, EmbeddingPipe, config,
+        specs.append(TiedLayerSpec(TIED_EMBEDDING_KEY, EmbeddingPipe, config, router_statistics,
                                    forward_fn=functools.partial(_tied_head_forward,
                                                                 compute_entropy=compute_entropy),
                                    tied_weight_attr=["embed_tokens.weight"]))

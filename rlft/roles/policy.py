@@ -18,6 +18,7 @@ from rlft.common import log
 from rlft.batching.batch import Labels, RolloutBatch, used_width
 from rlft.config import RunConfig
 from rlft.batching.micro_batches import fixed_micro_batches, row_widths, token_budget_micro_batches
+from rlft.models.families import family_of
 from rlft.objectives import Objective
 from rlft.pipeline import (build_policy_pipeline, compile_decoder_layers, export_hf_state_dict, load_hf_weights,
                            pipeline_logprobs)
@@ -28,6 +29,7 @@ from rlft.config.topology import RankRoles, check_stages_vs_layers
 
 # DeepSpeed's JSON templates: ds_configs/ at the top of a checkout, beside launch/; an installed
 # wheel carries them inside the package as rlft/ds_configs/ (setup.py maps them there).
+ROUTER_METRIC = "moe/aux_loss"  # a mixture of experts' load-balancing loss, every step
 PACKAGED_DS_CONFIGS = Path(__file__).resolve().parents[1] / "ds_configs"
 CHECKOUT_DS_CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"
 
@@ -89,11 +91,17 @@ class PolicyTrainer:
         check_stages_vs_layers(self.hf_config.num_hidden_layers, roles.num_stages)
         self.per_replica = batch_size // roles.num_replicas
         self.gas = self.per_replica // cfg.optim.train_micro_batch_size
+        # A mixture of experts: its routers' load-balancing loss is logged, and added with the model config's
+        # router_aux_loss_coef where its output_router_logits is on (rlft/pipeline/router.py); not under
+        # activation checkpointing (refused at launch where it is on: rlft/config/model_family.py).
+        family = family_of(self.hf_config)
+        self.routed = family.router_shape(self.hf_config) is not None and not cfg.model.activation_checkpointing
+        self.aux_loss_weight = family.aux_loss_weight(self.hf_config)
 
         module = build_policy_pipeline(
             self.hf_config, roles.num_stages, self._loss_fn,
             activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0,
-            metric_names=objective.metric_names)
+            metric_names=(*objective.metric_names, *((ROUTER_METRIC,) if self.routed else ())))
         load_hf_weights(module, model_path)
         if cfg.model.lora.enabled:  # peft's adapters: the only trainable parameters (rlft.pipeline.lora)
             from rlft.pipeline.lora import add_lora, load_adapter_weights
@@ -124,12 +132,17 @@ class PolicyTrainer:
     # ------------------------------------------------------------------ loss (last stage)
 
     def _loss_fn(self, outputs, labels):
-        logp, entropy = outputs
+        logp, entropy = outputs[:2]
         labels = Labels.unpack(self.objective.label_fields, labels)
         loss, metrics = self.objective.loss(logp, entropy, labels, num_tokens_total=self._num_tokens_total,
                                             num_micro_batches=self._num_micro_batches,
                                             num_rows_total=self._num_rows_total)
-        self.module.set_metrics({k: metrics[k].reshape(()) for k in self.objective.metric_names})
+        metrics = {k: metrics[k].reshape(()) for k in self.objective.metric_names}
+        if self.routed:  # weight 0 where it is off: the routers' sums still get the gradient DeepSpeed expects
+            aux = outputs[-1]
+            loss = loss + self.aux_loss_weight * aux
+            metrics[ROUTER_METRIC] = aux
+        self.module.set_metrics(metrics)
         return loss
 
     # ------------------------------------------------------------------ data
