@@ -78,6 +78,7 @@ class _FileTemplate:
 
     def __init__(self, template: str, special: dict) -> None:
         self.template, self.special = template, special
+        self.chat_template = template  # as a tokenizer names it (rlft/envs/tool_block.py reads it)
 
     def apply_chat_template(self, conversation, tools=None, tokenize=False, add_generation_prompt=True, **kwargs):
         from transformers.utils.chat_template_utils import render_jinja_template

@@ -12,6 +12,7 @@
     calculator.py  exact, bounded arithmetic on Python's ast (never eval), the calculator tool and
                    CalculatorEnvironment (the tool environment with it)
     tool_calls.py  reading <tool_call>{json}</tool_call> calls out of a turn
+    tool_block.py  tools described in the system message for a chat template that drops them
     episodes.py    run_episodes, every rollout over any engine (one turn or several): tokens, response
                    masks, log-probs, caps (EpisodeResult); the batch takes the masks (build_rollout_batch's
                    response_mask), so the loss sees only the model's tokens

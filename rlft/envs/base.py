@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from rlft.data.prompts import Prompt
+from rlft.envs.tool_block import template_input
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,9 @@ class EpisodeStart:
         generation prompt (``template_kwargs`` go to ``apply_chat_template``), or ``text``."""
         if self.text is not None:
             return self.text
-        return tokenizer.apply_chat_template(list(self.messages), tools=list(self.tools) if self.tools else None,
-                                             tokenize=False, add_generation_prompt=True, **template_kwargs)
+        messages, tools = template_input(tokenizer, self.messages, self.tools)
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                             **template_kwargs)
 
     def token_ids(self, tokenizer, **template_kwargs) -> list[int]:
         """The prompt's token ids as the engines receive them (as :meth:`rlft.data.prompts.Prompt.encode`):

@@ -40,6 +40,7 @@ from typing import Sequence
 from rlft.engines.base import Completion, RolloutEngine, SamplingSpec
 from rlft.envs.base import Environment, EpisodeStart, StepResult
 from rlft.envs.guard import asking
+from rlft.envs.tool_block import template_input
 
 FINISH_REASONS = ("stop", "eos", "length", "max_turns", "max_tokens")
 # Finish reasons of episodes cut short by a token cap (for the overlong filter and penalty).
@@ -103,9 +104,10 @@ def reply_token_ids(tokenizer, history: Sequence[dict], tools: Sequence[dict] | 
     Raises:
         ValueError: the template does not write the assistant content verbatim, exactly once.
     """
-    conversation = [*history, {"role": "assistant", "content": PLACEHOLDER}, *replies]
-    text = tokenizer.apply_chat_template(conversation, tools=list(tools) if tools else None, tokenize=False,
-                                         add_generation_prompt=True, **(template_kwargs or {}))
+    conversation, tools = template_input(tokenizer, [*history, {"role": "assistant", "content": PLACEHOLDER},
+                                                     *replies], tools)
+    text = tokenizer.apply_chat_template(conversation, tools=tools, tokenize=False, add_generation_prompt=True,
+                                         **(template_kwargs or {}))
     if text.count(PLACEHOLDER) != 1:
         raise ValueError("the chat template does not write an assistant message's content verbatim, so the "
                          "tokens of a tool reply cannot be read off it")
