@@ -296,11 +296,11 @@ def drop_long_questions(sets: list[tuple[DataSpec, list]], tokenizer, model_path
     from rlft.models.loading import context_length
 
     env, e = rollout_environment or (None, None)
-    episodes = env is not None and env.multi_turn and e.max_episode_tokens is not None
-    budget = episode_budget(True, max_tokens, e.max_episode_tokens) if episodes else max_tokens
+    whole_episode = env is not None and env.multi_turn and e.max_episode_tokens is not None
+    budget = episode_budget(True, max_tokens, e.max_episode_tokens) if whole_episode else max_tokens
     try:
         limit = prompt_token_limit(context_length(model_path), budget,
-                                   "environment.max_episode_tokens" if episodes else "--max-tokens")
+                                   "environment.max_episode_tokens" if whole_episode else "--max-tokens")
     except ValueError as exc:
         raise InputError(_one_line(exc)) from None
     kept, skipped = [], {}
