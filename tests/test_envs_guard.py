@@ -23,16 +23,17 @@ class Slow(Environment):
     """Hangs in step() when the turn asks it to, in open() on a question with 'hang'."""
     stop = ("</ask>",)
 
-    def __init__(self, prompt=None, reply_chars=2, hang_build=False):
+    def __init__(self, prompt=None, reply_chars=2, hang_build=False, opening_chars=0):
         super().__init__(prompt)
         if hang_build:
             threading.Event().wait()
-        self.reply_chars = reply_chars
+        self.reply_chars, self.opening_chars = reply_chars, opening_chars
 
     def open(self, question, ground_truth):
         if "hang" in question:
             threading.Event().wait()
-        return EpisodeStart(messages=tuple(self.prompt.chat_messages(question)), state={"turns": 0})
+        pad = [{"role": "system", "content": "y" * self.opening_chars}] if self.opening_chars else []
+        return EpisodeStart(messages=(*pad, *self.prompt.chat_messages(question)), state={"turns": 0})
 
     def step(self, state, text):
         if state is not None:
@@ -107,6 +108,17 @@ def test_a_reply_past_the_cap_is_refused_before_tokenising(slow_env):
                                                    r"environment.max_reply_chars=1000"):
         env.step(copy.deepcopy(start.state), "big</ask>")
     assert time.monotonic() - t0 < 5
+
+
+def test_an_opening_is_capped_on_what_the_environment_writes_not_on_the_question(slow_env):
+    # A question longer than the cap is the data's (a too-long prompt is skipped and counted, not refused).
+    long_question = "How many apples? " * 200  # 3400 characters, past the cap of 1000
+    start = make_environment(slow_env, Prompt("chat")).open(long_question, "7")
+    assert long_question in start.messages[-1]["content"]
+    # What the environment writes around it is capped: refused at build, by the probe episode.
+    with pytest.raises(EnvironmentSpecError, match=r"open\(\) .*replied 51\d\d characters, more than "
+                                                   r"environment.max_reply_chars=1000"):
+        make_environment(slow_env, Prompt("chat"), {"opening_chars": 5000})
 
 
 def test_the_config_keys_are_checked():

@@ -388,16 +388,16 @@ def test_a_stopped_rank_0_is_named_within_the_timeout():
 
 
 def test_a_launch_refused_by_its_ranks_leaves_no_lock_to_take_over(setup):
-    # 2048 response tokens leave no room for a prompt in the model's 2048 positions: the rank finds
-    # that out (a config error, exit 2) after it took the lock. A clean end like this leaves
-    # nothing half-written, so the next launch has no stale lock to take over.
+    # 2040 evaluation tokens leave 8 of the model's 2048 positions for a prompt, fewer than any evaluation
+    # question takes: the evaluator's rank finds that out as it measures the questions (a config error,
+    # exit 2), after the launch took the lock. A clean end like this leaves nothing half-written, so the
+    # next launch has no stale lock to take over.
     out = setup["root"] / "run_refused"
     res = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(CONFIG), *setup["common"], *ALONE,
-                          f"output.dir={out}", "sampling.max_tokens=2048"], cwd=REPO, capture_output=True, text=True,
-                         timeout=600, env=dict(os.environ, RLFT_PROGRESS="0"))
+                          f"output.dir={out}", "sampling.eval_max_tokens=2040"], cwd=REPO, capture_output=True,
+                         text=True, timeout=600, env=dict(os.environ, RLFT_PROGRESS="0"))
     assert res.returncode == 2, res.stderr[-4000:]
-    assert "failed: config error: sampling.max_tokens: 2048 response tokens leave no room" in res.stderr, \
-        res.stderr[-4000:]
+    assert "failed: config error: data.eval_split: none of the" in res.stderr, res.stderr[-4000:]
     assert (out / ".lock").is_file()  # the launch held it
     lock = OutputDirLock(out)
     assert lock.acquire() is None  # nothing to take over

@@ -10,7 +10,7 @@ instance's ``open`` and ``step`` with bounded ones:
   (``environment.step_timeout_s``), else :class:`EnvironmentCallError`;
 * a :class:`~rlft.envs.base.StepResult` whose messages hold more than ``max_reply_chars`` characters
   (``environment.max_reply_chars``) is refused before anything tokenises it, as is an opening whose
-  messages or text do.
+  messages or text do beyond the question itself.
 
 The error is one line naming the environment, the call, the question and the rank: ``step`` finds the
 question on the episode's state (tagged by ``open``) or, where the state cannot carry it (None, a
@@ -160,7 +160,9 @@ def guard_environment(env: Environment, name: str, limits: GuardLimits | None = 
     def open_(question: str, ground_truth: str) -> EpisodeStart:
         start = bounded(raw_open, (question, ground_truth), "open()", question)
         if isinstance(start, EpisodeStart):
-            check_size(_chars(start.messages or ()) + len(start.text or ""), "open()", question)
+            # The question is the data's (a long one is skipped as too long a prompt, not refused here):
+            # the cap bounds what the environment writes around it.
+            check_size(_chars(start.messages or ()) + len(start.text or "") - len(question), "open()", question)
             if start.state is not None:
                 start = EpisodeStart(messages=start.messages, text=start.text, tools=start.tools,
                                      state=_tag(start.state, question))
