@@ -15,7 +15,7 @@ export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES="" TOKENIZERS_PARALLELISM=false H
 workers="${RLFT_TEST_WORKERS:-$(python -c 'import os; print(min(2, len(os.sched_getaffinity(0))))')}"
 [[ "$workers" =~ ^[0-9]+$ ]] || { echo "rlft: RLFT_TEST_WORKERS must be a whole number of workers, got '$workers'" >&2; exit 2; }
 parallel=()
-[ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)  # long files first: tests/conftest.py
+[ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadfile)
 python -m pytest -q --timeout=900 "${parallel[@]}" "$@"
 rc=$?
 # pytest's "no tests collected" is a failure of the suite, not a success.

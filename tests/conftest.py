@@ -11,21 +11,6 @@ REPO = Path(__file__).resolve().parents[1]
 # The first 64 train and 32 test rows of openai/gsm8k (MIT; see tests/fixtures/gsm8k/README.md).
 GSM8K_FIXTURE = REPO / "tests" / "fixtures" / "gsm8k"
 
-# The files that start launches, engines or many processes, costliest first (pytest --durations on 2
-# cores). launch/test.sh hands files to its two workers in collection order (--no-loadscope-reorder):
-# with these first, the two workers end together instead of one waiting on the other's last launches.
-LONG_FILES = ("test_train_integration.py", "test_lifetime.py", "test_multinode.py", "test_engines_vllm.py",
-              "test_model_families_vllm.py", "test_lora_sync_run.py", "test_distill.py", "test_pipeline.py",
-              "test_tool_run.py", "test_bench.py", "test_sft.py", "test_lora_run.py", "test_instruct_run.py",
-              "test_math_run.py", "test_user_code_hangs.py", "test_model_families.py", "test_family_runs.py",
-              "test_roles.py", "test_learning_canary.py", "test_best_model.py")
-
-
-def pytest_collection_modifyitems(session, config, items):
-    """The long files first, in `LONG_FILES` order; every other file after them as collected."""
-    rank = {name: i for i, name in enumerate(LONG_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))
-
 
 def rollout_rows(prompt_ids, response_ids, finish_reasons, *, texts=None, ground_truths=None, logprobs=None,
                  response_masks=None, indices=None):
