@@ -17,7 +17,9 @@
 # from MODEL itself), SFT_EVAL (100: the test questions the SFT runs' final evaluation scores), STAGGER (45 s
 # between the two starts, so that the engines start one after the other), KV_BYTES (each engine's KV cache,
 # 8 GiB: a fixed size needs no start-up memory profile, which another process on the GPU would disturb),
-# PYTHON (python3), ARGS (more key=value overrides for both GRPO arms), SFT_ARGS (for both SFT arms).
+# PYTHON (python3), ARGS (more key=value overrides for both GRPO arms), SFT_ARGS (for both SFT arms), ENGINE_ARGS
+# (the sampler's overrides for all four launches; default vLLM with the KV cache above; each key once: a key
+# given twice on the command line is refused). The script exits non-zero when a launch failed.
 set -uo pipefail
 out="$1"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,14 +33,19 @@ mkdir -p "$out"
 # The model is converted (a .gguf) or fetched once, before the two launches that read it.
 MODEL="$("$PYTHON" -c 'import sys; from rlft.models.loading import resolve_model_path; print(resolve_model_path(sys.argv[1]))' "$MODEL" | tail -1)"
 free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'; }
-engine_args=(sampling.backend=vllm sampling.vllm.kv_cache_memory_bytes="$KV_BYTES" sampling.vllm.gpu_memory_utilization=0.2)
+read -r -a engine_args <<< "${ENGINE_ARGS:-sampling.backend=vllm sampling.vllm.kv_cache_memory_bytes=$KV_BYTES sampling.vllm.gpu_memory_utilization=0.2}"
+failed=0
+said() {  # NAME CODE: the launch's exit status in the phase log (a non-zero one fails the script at its end)
+  [ "$2" -eq 0 ] || failed=1
+  echo "[tools_gsm8k $(date +%H:%M:%S)] $1 exited $2" | tee -a "$out/phases.log"
+}
 sft_arm() {  # NAME [key=value ...]: the cold start, SFT_STEPS steps on the same solutions
   local name="$1"; shift
   "$PYTHON" -m deepspeed.launcher.runner --master_port "$(free_port)" --num_gpus 1 --module rlft.train_sft \
     --config launch/configs/sft_tools_coldstart.yaml model.path="$MODEL" data.source="$GSM8K" seed=0 \
     sft.max_steps="$SFT_STEPS" data.eval_size="$SFT_EVAL" schedule.evaluate_freq=0 schedule.save_every=0 \
     "${engine_args[@]}" output.dir="$out/sft_$name" "$@" ${SFT_ARGS:-} > "$out/sft_$name.log" 2>&1
-  echo "[tools_gsm8k $(date +%H:%M:%S)] sft_$name exited $?" | tee -a "$out/phases.log"
+  said "sft_$name" $?
 }
 start_of() {  # NAME: the arm's starting model for GRPO
   if [ "$SFT_STEPS" -gt 0 ]; then echo "output.init_checkpoint=$out/sft_$1/model"; else echo "output.init_checkpoint=null"; fi
@@ -49,7 +56,7 @@ arm() {  # NAME CONFIG
     schedule.steps=1000 schedule.time_limit_minutes="$MINUTES" schedule.evaluate_at_start=true \
     schedule.evaluate_freq=0 schedule.save_every=0 \
     "${engine_args[@]}" output.dir="$out/$1" ${ARGS:-} > "$out/$1.log" 2>&1
-  echo "[tools_gsm8k $(date +%H:%M:%S)] $1 exited $?" | tee -a "$out/phases.log"
+  said "$1" $?
 }
 if [ "$SFT_STEPS" -gt 0 ]; then
   echo "[tools_gsm8k $(date +%H:%M:%S)] cold start: $SFT_STEPS SFT steps per arm" | tee -a "$out/phases.log"
@@ -66,6 +73,11 @@ arm single launch/configs/grpo_instruct_1gpu.yaml &
 sleep "$STAGGER"
 arm tools launch/configs/grpo_tools_1gpu.yaml &
 wait
+for name in single tools; do  # the arms run in the background: their status is read from what they wrote
+  grep -q "\] $name exited 0$" "$out/phases.log" || failed=1
+  [ -s "$out/$name/steps.jsonl" ] || { echo "$name logged no step: see $out/$name.log" >&2; failed=1; }
+done
 tar -czf "$out/results.tar.gz" -C "$out" --exclude='*.safetensors' --exclude='checkpoints' --exclude='tb' \
   phases.log single.log tools.log single tools $( [ "$SFT_STEPS" -gt 0 ] && echo sft_single.log sft_tools.log sft_single sft_tools ) 2>/dev/null
-echo "[tools_gsm8k $(date +%H:%M:%S)] done" | tee -a "$out/phases.log"
+echo "[tools_gsm8k $(date +%H:%M:%S)] done$( [ "$failed" -eq 0 ] || echo ', with a failed launch' )" | tee -a "$out/phases.log"
+exit "$failed"
