@@ -47,7 +47,8 @@ def arm(run: Path, up_to: int | None) -> dict:
         "steps": len(steps),
         "training_minutes": round(sum(r.get("time/step", 0.0) for r in steps) / 60, 2),
         "seconds_median": {p: median(plain, f"time/{p}") for p in PHASES},
-        "peak_memory_gib": {p: max((r.get(f"memory/peak_gb/{p}") or 0.0) for r in steps) or None for p in MEMORY},
+        "peak_memory_gib": {p: max((r.get(f"memory/peak_gb/{p}") or 0.0 for r in steps), default=0.0) or None
+                            for p in MEMORY},
         "sample_tokens_per_s": mean(plain, "throughput/sample_tokens_per_s"),
         "sampling_rounds_per_step": mean(steps, "dynamic_sampling/rounds"),
         "reward_all_first": mean(steps[:edge], "dynamic_sampling/reward_all") or mean(steps[:edge], "reward/mean"),

@@ -63,3 +63,18 @@ def test_a_run_without_steps_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         compare_runs.main([f"a={a}", f"b={tmp_path / 'missing'}"])
     assert "expected NAME=RUN_DIR" in capsys.readouterr().err
+
+
+def test_an_arm_that_failed_after_its_first_evaluation_is_still_compared_there(tmp_path):
+    # Arm b's launch died after its opening evaluation (steps.jsonl holds step 0 only): the arms are
+    # still paired at step 0, and b's figures are empty rather than a crash.
+    a = write_run(tmp_path / "a", [10.0, 12.0], [5.0, 6.0], {0: {0, 1}, 2: {0, 1, 2}})
+    b = write_run(tmp_path / "b", [], [], {0: {0, 2, 3}})
+    out = tmp_path / "c.json"
+    assert compare_runs.main([f"a={a}", f"b={b}", "--json", str(out)]) == 0
+    c = json.loads(out.read_text())
+    assert c["b"]["steps"] == 0 and c["b"]["peak_memory_gib"] == {"sample": None, "sync": None, "train": None}
+    assert c["a"]["peak_memory_gib"]["train"] == 6.0
+    at0 = c["between"]["at_step"]["0"]
+    assert (at0["n"], at0["gained"], at0["lost"]) == (10, 2, 1)
+    assert "first_to_last" not in c["b"]
