@@ -4,7 +4,8 @@
 # sft_tools_coldstart.yaml), with GSM8K's calculator annotations as tool calls answered by the calculator for
 # the calculator arm (sft.solution_form: tool_calls) and stripped for the single-turn arm (plain_checked: the
 # same rows), one after the other; then the same minutes of GRPO from each arm's own SFT model, both arms
-# side by side on the GPU (each its own launch, engine and policy), from the same model with the same seed;
+# side by side on the GPU (each its own launch, engine and policy; one after the other on a card too small for two,
+# ORDER below), from the same model with the same seed;
 # held-out accuracy on every test question (greedy) at the start of GRPO and after its last step, each arm
 # with its own episodes (tools on for the calculator arm).
 #
@@ -19,13 +20,23 @@
 # 8 GiB: a fixed size needs no start-up memory profile, which another process on the GPU would disturb),
 # PYTHON (python3), ARGS (more key=value overrides for both GRPO arms), SFT_ARGS (for both SFT arms), ENGINE_ARGS
 # (the sampler's overrides for all four launches; default vLLM with the KV cache above; each key once: a key
-# given twice on the command line is refused). The script exits non-zero when a launch failed.
+# given twice on the command line is refused), ORDER (side_by_side, one_after_other, or auto, the default: side by
+# side where the GPU holds 120 GiB or more, one after the other below that: on an 80 GB H100 the second arm's
+# train phase ran out of memory beside the first's, which held 53 GiB with its engine). The script exits non-zero
+# when a launch failed.
 set -uo pipefail
 out="$1"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 PYTHON="${PYTHON:-python3}"; MINUTES="${MINUTES:-10}"; STAGGER="${STAGGER:-45}"; KV_BYTES="${KV_BYTES:-8589934592}"
 SFT_STEPS="${SFT_STEPS:-100}"; SFT_EVAL="${SFT_EVAL:-100}"
+ORDER="${ORDER:-auto}"
+if [ "$ORDER" = auto ]; then
+  gib="$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)"
+  if [[ "$gib" =~ ^[0-9]+$ ]] && [ "$gib" -lt $((120 * 1024)) ]; then ORDER=one_after_other; else ORDER=side_by_side; fi
+fi
+case "$ORDER" in side_by_side|one_after_other) ;;
+  *) echo "ORDER must be side_by_side, one_after_other or auto, got '$ORDER'" >&2; exit 2 ;; esac
 : "${MODEL:?set MODEL to the instruct model (HF directory, .gguf or hub id)}"
 : "${GSM8K:?set GSM8K to a directory with train.jsonl and test.jsonl}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RLFT_PROGRESS=0
@@ -68,11 +79,17 @@ if [ "$SFT_STEPS" -gt 0 ]; then
     [ -f "$out/sft_$name/model/config.json" ] || { echo "sft_$name wrote no model: see $out/sft_$name.log" >&2; exit 1; }
   done
 fi
-echo "[tools_gsm8k $(date +%H:%M:%S)] start: $MINUTES minutes of training per arm" | tee -a "$out/phases.log"
-arm single launch/configs/grpo_instruct_1gpu.yaml &
-sleep "$STAGGER"
-arm tools launch/configs/grpo_tools_1gpu.yaml &
-wait
+echo "[tools_gsm8k $(date +%H:%M:%S)] start: $MINUTES minutes of training per arm, $ORDER" | tee -a "$out/phases.log"
+case "$ORDER" in
+  side_by_side)
+    arm single launch/configs/grpo_instruct_1gpu.yaml &
+    sleep "$STAGGER"
+    arm tools launch/configs/grpo_tools_1gpu.yaml &
+    wait ;;
+  one_after_other)
+    arm single launch/configs/grpo_instruct_1gpu.yaml
+    arm tools launch/configs/grpo_tools_1gpu.yaml ;;
+esac
 for name in single tools; do  # the arms run in the background: their status is read from what they wrote
   grep -q "\] $name exited 0$" "$out/phases.log" || failed=1
   [ -s "$out/$name/steps.jsonl" ] || { echo "$name logged no step: see $out/$name.log" >&2; failed=1; }
