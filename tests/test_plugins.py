@@ -88,3 +88,21 @@ def test_a_plugin_that_fails_at_import_is_one_line_naming_it(tmp_path):
     # Nothing of it stays half-imported: fixed, the same file loads.
     broken.write_text("VALUE = 1\n")
     assert build_config({"plugins": [str(broken)]}).plugins == [str(broken)]
+
+
+def test_a_plugin_whose_import_never_finishes_is_stopped_naming_it(tmp_path, monkeypatch):
+    import time
+
+    import rlft.config.plugins as plugins
+
+    monkeypatch.setattr(plugins, "PLUGIN_IMPORT_TIMEOUT_S", 0.5)
+    stuck = tmp_path / "waits_for_a_server.py"
+    stuck.write_text("import time\nwhile True:\n    try:\n        time.sleep(60)\n    except Exception:\n        pass\n")
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as e:
+        build_config({"plugins": [str(stuck)]})
+    assert time.monotonic() - start < 5
+    assert str(e.value) == f"plugins[0]: importing {stuck} did not finish within 0.5 s"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^plugins\[0\]: importing waits_for_a_server did not finish within 0.5 s$"):
+        build_config({"plugins": ["waits_for_a_server"]})

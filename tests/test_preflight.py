@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import time
 import os
 import subprocess
 import sys
@@ -373,3 +374,26 @@ def test_a_gguf_file_that_is_no_gguf(tmp_path, capsys):
     page.write_bytes(b"<!DOCTYPE html><html>rate limited</html>")  # what a failed download leaves
     assert refusal(capsys, f"output.dir={tmp_path / 'out'}", f"data.source={GSM8K}", f"model.path={page}") == (
         f"model.path: {page} is not a GGUF file (it does not start with 'GGUF', but b'<!DO')")
+
+
+def test_an_adapter_that_never_returns_is_refused_before_any_rank_starts(tmp_path, capsys, monkeypatch):
+    # Before, the launch's own check of the first rows waited on it for ever.
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "stuck_rows.py").write_text(
+        "import time\n"
+        "def to_problem(row):\n"
+        "    while row['n'] == 3:\n"
+        "        time.sleep(60)\n"
+        "    return {'question': f\"q{row['n']}\", 'gold': row['n']}\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "test"):
+        (data / f"{split}.jsonl").write_text("".join(json.dumps({"n": n}) + "\n" for n in range(50)))
+    common = [f"output.dir={tmp_path / 'out'}", f"model.path={fake_model(tmp_path / 'model')}", f"data.source={data}",
+              "data.adapter=stuck_rows:to_problem", "data.fields.gold_kind=plain", "data.adapter_timeout_s=0.5"]
+    start = time.monotonic()
+    assert refusal(capsys, *common) == (
+        f"data.adapter: stuck_rows:to_problem did not return within 0.5 s (data.adapter_timeout_s) on row 3 of "
+        f"{data / 'train.jsonl'}, whose fields are: n")
+    assert time.monotonic() - start < 10
+    assert not (tmp_path / "out").exists()

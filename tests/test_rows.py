@@ -6,6 +6,7 @@ import csv
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,15 @@ def broken(row):
 
 def needs_two(row, other):
     return None
+
+def waits_on_row_1(row):
+    import time
+    while row["meta"]["final"] == 0:  # waits for something that never comes, swallowing interruptions
+        try:
+            time.sleep(60)
+        except Exception:
+            pass
+    return {"question": "q", "gold": row["meta"]["final"]}
 '''
 
 
@@ -190,12 +200,23 @@ def test_a_row_adapter_maps_each_row(adapters):
         load_examples(str(adapters), "train", rows=RowMapping(adapter="my_rows:broken"))
 
 
+def test_an_adapter_that_never_returns_is_stopped_at_its_deadline_naming_the_row(adapters):
+    start = time.monotonic()
+    with pytest.raises(ValueError) as err:
+        load_examples(str(adapters), "train",
+                      rows=RowMapping(gold_kind="plain", adapter="my_rows:waits_on_row_1", adapter_timeout_s=0.5))
+    assert time.monotonic() - start < 5
+    assert str(err.value) == (f"data.adapter: my_rows:waits_on_row_1 did not return within 0.5 s "
+                              f"(data.adapter_timeout_s) on row 1 of {adapters}, whose fields are: draft, messages, meta")
+
+
 def test_row_settings_are_checked_with_the_config(adapters):
     base = ["data.source=" + str(adapters)]
     cfg = load_config(TINY, [*base, "data.adapter=my_rows:to_problem", "data.fields.gold_kind=plain"])
     assert RowMapping.of(cfg.data) == RowMapping("question", "answer", "plain", "my_rows:to_problem", None)
     for overrides, message in [
         (["data.fields.gold_kind=latex"], "data.fields.gold_kind: must be one of gsm8k, boxed, plain, got 'latex'"),
+        (["data.adapter_timeout_s=0"], "data.adapter_timeout_s: must be > 0 seconds or null, got 0"),
         (["data.adapter=my_rows:needs_two"],
          "data.adapter 'my_rows:needs_two' must accept one argument, the row (a dict); its signature is"),
         (["data.adapter=no_such_module:f"], "data.adapter 'no_such_module:f': cannot import module 'no_such_module' "

@@ -8,7 +8,8 @@ names, on every rank and in the launch's checks before any rank starts, with no 
 
 An entry is a module name (importable from PYTHONPATH or installed) or the path of a `.py` file
 (relative to the directory the launch runs in).  A module is imported once per process however many
-configs name it.  An entry that cannot be imported is one config error naming it and the cause.
+configs name it.  An entry that cannot be imported, or whose import does not finish within
+:data:`PLUGIN_IMPORT_TIMEOUT_S`, is one config error naming it and the cause.
 """
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ import re
 import sys
 from pathlib import Path
 
+from rlft.alarm import DeadlinePassed, deadline
 from rlft.config.schema import ConfigError
+
+# Seconds a plugin's import may take (a module that waits on a lock or a network at import would
+# otherwise hold the launch, and every rank, at its start).
+PLUGIN_IMPORT_TIMEOUT_S = 120.0
 
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -44,7 +50,10 @@ def load_plugins(entries: list[str]) -> list[str]:
 
 def _import_module(name: str, where: str) -> None:
     try:
-        importlib.import_module(name)
+        with deadline(PLUGIN_IMPORT_TIMEOUT_S, ""):
+            importlib.import_module(name)
+    except DeadlinePassed:
+        raise ConfigError(f"{where}: importing {name} did not finish within {PLUGIN_IMPORT_TIMEOUT_S:g} s") from None
     except ConfigError as e:
         raise ConfigError(f"{where}: {name}: {e}") from None
     except ModuleNotFoundError as e:
@@ -67,7 +76,11 @@ def _import_file(path: Path, where: str) -> str:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        with deadline(PLUGIN_IMPORT_TIMEOUT_S, ""):
+            spec.loader.exec_module(module)
+    except DeadlinePassed:
+        del sys.modules[name]
+        raise ConfigError(f"{where}: importing {path} did not finish within {PLUGIN_IMPORT_TIMEOUT_S:g} s") from None
     except Exception as e:
         del sys.modules[name]
         raise ConfigError(f"{where}: importing {path} failed: {type(e).__name__}: {e}") from None

@@ -120,6 +120,7 @@ class DataConfig:
     # A function of yours, package.module:function(row: dict) -> {question, gold[, solution]} or None (skip
     # the row), that maps each row instead of fields.question / fields.gold (fields.gold_kind reads its gold)
     adapter: str | None = None
+    adapter_timeout_s: float | None = 10.0  # seconds data.adapter may take on one row (null: unbounded)
     hub_config: str | None = None  # a hub dataset's config (null: its default; openai/gsm8k: main)
     train_split: str = "train"
     eval_split: str = "test"

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from rlft.alarm import DeadlinePassed, deadline
 from rlft.common import add_record, import_object
 from rlft.data.examples import (
     SKIP_MISSING_FIELD,
@@ -132,6 +133,7 @@ def register_gold_kind(kind: GoldKind) -> GoldKind:
 # --------------------------------------------------------------------------- adapters
 
 _adapters: dict[str, Callable] = {}
+ADAPTER_IMPORT_TIMEOUT_S = 120.0  # importing the adapter's module (data.adapter_timeout_s bounds each row)
 
 
 def load_adapter(spec: str) -> Callable[[dict], Any]:
@@ -139,7 +141,13 @@ def load_adapter(spec: str) -> Callable[[dict], Any]:
     ``data.adapter``, when it cannot be imported or does not take one argument (the row)."""
     if spec in _adapters:
         return _adapters[spec]
-    _adapters[spec] = import_object(spec, "data.adapter", call_with=({},), takes="one argument, the row (a dict)")
+    try:
+        with deadline(ADAPTER_IMPORT_TIMEOUT_S, ""):
+            _adapters[spec] = import_object(spec, "data.adapter", call_with=({},),
+                                            takes="one argument, the row (a dict)")
+    except DeadlinePassed:
+        raise ValueError(f"data.adapter {spec!r}: importing its module did not finish within "
+                         f"{ADAPTER_IMPORT_TIMEOUT_S:g} s") from None
     return _adapters[spec]
 
 
@@ -165,12 +173,13 @@ class RowMapping:
     gold_kind: str = "gsm8k"
     adapter: str | None = None
     hub_config: str | None = None
+    adapter_timeout_s: float | None = 10.0  # seconds the adapter may take on one row (None: unbounded)
 
     @classmethod
     def of(cls, data) -> "RowMapping":
         """The mapping of a run's ``data`` section (:class:`rlft.config.schema.DataConfig`)."""
         f = data.fields
-        return cls(f.question, f.gold, f.gold_kind, data.adapter, data.hub_config)
+        return cls(f.question, f.gold, f.gold_kind, data.adapter, data.hub_config, data.adapter_timeout_s)
 
     def reader(self, where: str) -> "RowReader":
         return RowReader(self, where)
@@ -219,9 +228,13 @@ class RowReader:
                        source=self.where, index=index)
 
     def _adapt(self, row: dict, index: int) -> dict | None:
-        spec = self.mapping.adapter
+        spec, limit = self.mapping.adapter, self.mapping.adapter_timeout_s
         try:
-            mapped = self.adapter(dict(row))
+            with deadline(limit, ""):
+                mapped = self.adapter(dict(row))
+        except DeadlinePassed:
+            raise ValueError(f"data.adapter: {spec} did not return within {limit:g} s (data.adapter_timeout_s) on row "
+                             f"{index} of {self.where}, whose fields are: {_field_names(set(row))}") from None
         except Exception as exc:  # noqa: BLE001 - the user's function failed on this row
             raise ValueError(f"data.adapter: {spec} raised {type(exc).__name__}: {' '.join(str(exc).split())} "
                              f"on row {index} of {self.where}, whose fields are: {_field_names(set(row))}") from None
@@ -292,6 +305,8 @@ def check_data_config(d) -> None:
     an unknown gold kind, an empty field name, an adapter that cannot be imported or that comes with
     field names of its own, a mapping or hub config for generated problems."""
     f = d.fields
+    if d.adapter_timeout_s is not None and not d.adapter_timeout_s > 0:
+        raise ValueError(f"data.adapter_timeout_s: must be > 0 seconds or null, got {d.adapter_timeout_s}")
     if f.gold_kind not in GOLD_KINDS:
         raise ValueError(f"data.fields.gold_kind: must be one of {', '.join(GOLD_KINDS)}, got {f.gold_kind!r}")
     for key in ("question", "gold"):
