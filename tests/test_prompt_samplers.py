@@ -272,6 +272,52 @@ def test_a_prompt_order_that_fails_or_hands_out_no_positions_stops_in_one_line(m
         PROMPT_SAMPLERS.pop("_test_broken", None)
 
 
+@pytest.mark.timeout(120)
+def test_an_order_that_learns_from_rewards_is_checked_where_it_hears_them_and_reports(monkeypatch):
+    # Before, a plugin's observe() that raised surfaced as a traceback from inside the rollout role, and a
+    # metrics() key like "loss" silently overwrote the step's own figure in steps.jsonl.
+    from rlft.data.prompt_samplers import PromptSamplerError, SamplerChoice, register_prompt_sampler
+
+    class Learning(DifficultySampler):
+        fault = None
+
+        def observe(self, positions, pass_rates):
+            if self.fault == "observe":
+                raise ZeroDivisionError("no groups yet")
+            super().observe(positions, pass_rates)
+
+        def metrics(self):
+            return self.fault if isinstance(self.fault, (dict, list)) else super().metrics()
+
+    monkeypatch.setenv("RANK", "2")
+    base = [f"data.source={GSM8K}", "data.train_size=10", "data.sampler=_test_learning"]
+    register_prompt_sampler(SamplerChoice("_test_learning", learns_from_rewards=True, description="learning",
+                                          build=lambda n, batch, seed, data: Learning(n, batch, seed)))
+    try:
+        source = PromptSource(load_config(TINY, base), None, 5)
+        drawn = source.next_examples()
+        grades = [{"answer_reward": float(r)} for r in [1, 1, 1, 1, 0, 0, 1, 0, 0, 1]]
+        source.observe(drawn, grades)  # sound: as the difficulty order
+        assert source.metrics()["sampler/solved_pool"] == 2.0
+        cases = [("observe", "data.sampler _test_learning: observe() raised ZeroDivisionError: no groups yet (rank 2)"),
+                 ({"loss": 0.5}, "data.sampler _test_learning: metrics() returned the key 'loss': its figures are "
+                                 "named sampler/... (rank 2)"),
+                 ({"sampler/x": float("nan")}, "data.sampler _test_learning: metrics() returned 'nan' for sampler/x, "
+                                               "not a finite number (rank 2)"),
+                 ({"sampler/x": "many"}, "data.sampler _test_learning: metrics() returned 'many' for sampler/x, "
+                                         "not a finite number (rank 2)"),
+                 ([1.0], "data.sampler _test_learning: metrics() returned '[1.0]', not a dict (rank 2)")]
+        for fault, message in cases:
+            source.order.fault = fault
+            with pytest.raises(PromptSamplerError) as info:
+                source.observe(drawn, grades) if fault == "observe" else source.metrics()
+            assert str(info.value) == message
+        source.order.fault = {"sampler/x": 3}
+        assert source.metrics() == {"sampler/x": 3.0}
+    finally:
+        PROMPT_SAMPLERS.pop("_test_learning", None)
+
+
 def test_a_new_prompt_order_is_one_registered_record():
     # An order of the user's (a plugin's register_prompt_sampler call): each epoch the rows backwards.
     from rlft.data.prompt_samplers import SamplerChoice, register_prompt_sampler

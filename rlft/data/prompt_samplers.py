@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from rlft.common import add_record, quoted
 
+import math
 import operator
 import os
 import random
@@ -277,7 +278,22 @@ PROMPT_SAMPLERS: dict[str, SamplerChoice] = {c.name: c for c in (
 
 
 class PromptSamplerError(RuntimeError):
-    """A ``data.sampler`` whose ``next_batch`` raised or handed out something other than prompt positions."""
+    """A ``data.sampler`` whose method raised, or handed out something other than prompt positions (or
+    ``sampler/*`` numbers)."""
+
+
+def _rank() -> str:
+    return f"rank {os.environ.get('RANK', '0')}"
+
+
+def _called(name: str, method: str, fn: Callable[..., Any], *args) -> Any:
+    """``fn(*args)``; its exception becomes a :class:`PromptSamplerError` naming ``data.sampler`` ``name``,
+    the method and the rank."""
+    try:
+        return fn(*args)
+    except Exception as err:
+        raise PromptSamplerError(f"data.sampler {name}: {method}() raised {type(err).__name__}: "
+                                 f"{' '.join(str(err).split())[:200]} ({_rank()})") from err
 
 
 def checked_batch(name: str, next_batch: Callable[[], Any], num_examples: int) -> list[int]:
@@ -285,18 +301,42 @@ def checked_batch(name: str, next_batch: Callable[[], Any], num_examples: int) -
     Else :class:`PromptSamplerError`, one line naming ``data.sampler`` and the rank: a plugin's order that
     raised, or whose empty batch would have the step wait for ever, or whose negative position would
     silently draw a row from the end."""
-    rank = f"rank {os.environ.get('RANK', '0')}"
-    try:
-        batch = next_batch()
-    except Exception as err:
-        raise PromptSamplerError(f"data.sampler {name}: next_batch() raised {type(err).__name__}: "
-                                 f"{' '.join(str(err).split())[:200]} ({rank})") from err
+    rank = _rank()
+    batch = _called(name, "next_batch", next_batch)
     if not (isinstance(batch, (list, tuple)) and batch and all(
             not isinstance(i, bool) and hasattr(type(i), "__index__") and 0 <= operator.index(i) < num_examples
             for i in batch)):
         raise PromptSamplerError(f"data.sampler {name}: next_batch() returned {quoted(batch)}, not a non-empty "
                                  f"list of prompt positions in [0, {num_examples}) ({rank})")
     return [operator.index(i) for i in batch]
+
+
+def checked_observe(name: str, observe: Callable[[list[int], list[float]], Any], positions: list[int],
+                    rates: list[float]) -> None:
+    """``observe(positions, rates)`` of the order ``name``; a raise is one line naming it (not a traceback
+    from inside the rollout role)."""
+    _called(name, "observe", observe, positions, rates)
+
+
+def checked_metrics(name: str, metrics: Callable[[], Any]) -> dict[str, float]:
+    """``metrics()`` of the order ``name``, checked: a dict of ``sampler/*`` names to finite numbers (a key
+    outside ``sampler/`` would overwrite one of the step's own figures, a loss or a reward, in the
+    record).  Else :class:`PromptSamplerError`, one line naming ``data.sampler`` and the rank."""
+    out = _called(name, "metrics", metrics)
+    bad = None
+    if not isinstance(out, dict):
+        bad = f"returned {quoted(out)}, not a dict"
+    else:
+        for key, value in out.items():
+            if not isinstance(key, str) or not key.startswith("sampler/"):
+                bad = f"returned the key {quoted(key)}: its figures are named sampler/..."
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                bad = f"returned {quoted(value)} for {key}, not a finite number"
+            if bad:
+                break
+    if bad:
+        raise PromptSamplerError(f"data.sampler {name}: metrics() {bad} ({_rank()})")
+    return {k: float(v) for k, v in out.items()}
 
 
 def register_prompt_sampler(choice: SamplerChoice) -> SamplerChoice:

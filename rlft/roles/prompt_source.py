@@ -7,7 +7,7 @@ from rlft.batching.round_size import most_prompts_per_round
 from rlft.common import log
 from rlft.config import ConfigError, RunConfig
 from rlft.data import Example
-from rlft.data.prompt_samplers import PROMPT_SAMPLERS, checked_batch, pass_rates
+from rlft.data.prompt_samplers import PROMPT_SAMPLERS, checked_batch, checked_metrics, checked_observe, pass_rates
 from rlft.data.prompts import drop_long_prompts, prompt_of
 from rlft.data.rows import load_split
 
@@ -89,11 +89,12 @@ class PromptSource:
         """The graded responses to `examples` (one group each, in order): a sampler that learns from
         rewards keeps each prompt's pass rate."""
         if self.choice.learns_from_rewards and examples:
-            self.order.observe([self._position[ex.index] for ex in examples], pass_rates(grades, len(examples)))
+            checked_observe(self.choice.name, self.order.observe, [self._position[ex.index] for ex in examples],
+                            pass_rates(grades, len(examples)))
 
     def metrics(self) -> dict:
         """The order's own numbers for the step's record (`sampler/*`; none for the uniform order)."""
-        return self.order.metrics() if self.choice.learns_from_rewards else {}
+        return checked_metrics(self.choice.name, self.order.metrics) if self.choice.learns_from_rewards else {}
 
     def state_dict(self) -> dict:
         """The order's state, and the prompts drawn from it that no round has taken yet."""
