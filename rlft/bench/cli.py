@@ -164,10 +164,11 @@ def train_passes(cfg) -> float:
 
 def launch_rlft(config_path: Path, cfg, out: Path, use_gpu: bool, timeout: float) -> dict:
     from rlft.common import free_port
+    from rlft.config.trainers import TRAINERS
 
     per_node = cfg.world_size()
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", str(free_port()),
-           "--num_gpus", str(per_node), "--module", "rlft.train_grpo", "--config", str(config_path)]
+           "--num_gpus", str(per_node), "--module", TRAINERS["grpo"].module, "--config", str(config_path)]
     say(f"rlft: {per_node} rank(s), log {out / 'rlft.log'}")
     with environment.GpuMemoryWatcher() as watcher:
         rc, wall = run_logged(cmd, out / "rlft.log", child_env(use_gpu, per_node), timeout)
