@@ -5,6 +5,7 @@
     objectives.py   what the policy optimises: GRPOObjective and SFTObjective around the grpo maths
     curves.py       python -m rlft.curves: a run's reward curve and summary line
     common.py       small helpers every package uses (dtypes, log lines, ports, "module:attribute" settings)
+    alarm.py        a deadline on the user's code in the main thread (a data adapter's rows, a plugin's import)
     config/         the run's configuration: schema, loading, checks, topology, launch plan
     data/           the run's data: examples (files, hub, generated), rows -> problems, prompts, prompt order
     grpo/           GRPO-family maths as pure torch functions, behind registries of records
