@@ -2,17 +2,18 @@
 # Run the test suite on CPU (sets up the environment on first use).
 #   bash launch/test.sh              # everything (unit, multi-process DeepSpeed on gloo, vLLM on CPU)
 #   bash launch/test.sh -k grader    # any pytest arguments
-# Test files run two at a time on a machine with two cores or more (pytest-xdist; a file's tests stay
-# on one worker, so its fixtures are built once): most of the suite's time is spent waiting on
-# launches, not computing.  RLFT_TEST_WORKERS=N sets how many (0 or 1: one after the other, as
-# pdb and -s need).
+# Test files run three at a time on a machine with two cores or more (pytest-xdist; a file's tests stay
+# on one worker, so its fixtures are built once): the launches' ranks spend part of their time waiting
+# (on each other, on timeouts a test sets, on their start), which a third worker fills; on 2 cores it
+# took 15 min 7 s against 15 min 33 s and more with two.  RLFT_TEST_WORKERS=N sets how many (0 or 1:
+# one after the other, as pdb and -s need).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/setup.sh" || exit 1
 cd "$here/.."
 export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES="" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 \
   TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
-workers="${RLFT_TEST_WORKERS:-$(python -c 'import os; print(min(2, len(os.sched_getaffinity(0))))')}"
+workers="${RLFT_TEST_WORKERS:-$(python -c 'import os; n = len(os.sched_getaffinity(0)); print(3 if n >= 2 else 1)')}"
 [[ "$workers" =~ ^[0-9]+$ ]] || { echo "rlft: RLFT_TEST_WORKERS must be a whole number of workers, got '$workers'" >&2; exit 2; }
 parallel=()
 [ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadfile)
