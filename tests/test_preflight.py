@@ -337,21 +337,25 @@ def test_weights_and_biases_online_without_credentials(tmp_path, capsys, monkeyp
     accepted(capsys, *common, "reporting.wandb_mode=online")
 
 
-def test_an_adapter_failing_past_the_first_rows_is_reported_as_itself(tmp_path, capsys, monkeypatch):
-    # The first 100 rows are read by the fields' check; before, an adapter raising on row 150 came out as
-    # "no usable training rows", sending the user to the wrong place.
+def adapted_rows(tmp_path, monkeypatch, module: str, first: str, rows: int):
+    """A data dir of `rows` rows {"n": i} per split and an adapter `module:to_problem` that runs the lines
+    `first` and then maps row n to question "qn", gold n; (the data dir, the launch's overrides)."""
     monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "late_rows.py").write_text(
-        "def to_problem(row):\n"
-        "    if row['n'] == 150:\n"
-        "        raise KeyError('answer')\n"
-        "    return {'question': f\"q{row['n']}\", 'gold': row['n']}\n")
+    (tmp_path / f"{module}.py").write_text("def to_problem(row):\n" + first +
+                                           "    return {'question': f\"q{row['n']}\", 'gold': row['n']}\n")
     data = tmp_path / "data"
     data.mkdir()
     for split in ("train", "test"):
-        (data / f"{split}.jsonl").write_text("".join(json.dumps({"n": n}) + "\n" for n in range(200)))
-    common = [f"output.dir={tmp_path / 'out'}", f"model.path={fake_model(tmp_path / 'model')}", f"data.source={data}",
-              "data.adapter=late_rows:to_problem", "data.fields.gold_kind=plain"]
+        (data / f"{split}.jsonl").write_text("".join(json.dumps({"n": n}) + "\n" for n in range(rows)))
+    return data, [f"output.dir={tmp_path / 'out'}", f"model.path={fake_model(tmp_path / 'model')}",
+                  f"data.source={data}", f"data.adapter={module}:to_problem", "data.fields.gold_kind=plain"]
+
+
+def test_an_adapter_failing_past_the_first_rows_is_reported_as_itself(tmp_path, capsys, monkeypatch):
+    # The first 100 rows are read by the fields' check; before, an adapter raising on row 150 came out as
+    # "no usable training rows", sending the user to the wrong place.
+    data, common = adapted_rows(tmp_path, monkeypatch, "late_rows", "    if row['n'] == 150:\n"
+                                                                    "        raise KeyError('answer')\n", rows=200)
     assert refusal(capsys, *common) == (
         f"data.adapter: late_rows:to_problem raised KeyError: 'answer' on row 150 of {data / 'train.jsonl'}, whose "
         f"fields are: n")
@@ -378,21 +382,11 @@ def test_a_gguf_file_that_is_no_gguf(tmp_path, capsys):
 
 def test_an_adapter_that_never_returns_is_refused_before_any_rank_starts(tmp_path, capsys, monkeypatch):
     # Before, the launch's own check of the first rows waited on it for ever.
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "stuck_rows.py").write_text(
-        "import time\n"
-        "def to_problem(row):\n"
-        "    while row['n'] == 3:\n"
-        "        time.sleep(60)\n"
-        "    return {'question': f\"q{row['n']}\", 'gold': row['n']}\n")
-    data = tmp_path / "data"
-    data.mkdir()
-    for split in ("train", "test"):
-        (data / f"{split}.jsonl").write_text("".join(json.dumps({"n": n}) + "\n" for n in range(50)))
-    common = [f"output.dir={tmp_path / 'out'}", f"model.path={fake_model(tmp_path / 'model')}", f"data.source={data}",
-              "data.adapter=stuck_rows:to_problem", "data.fields.gold_kind=plain", "data.adapter_timeout_s=0.5"]
+    data, common = adapted_rows(tmp_path, monkeypatch, "stuck_rows", "    import time\n"
+                                                                     "    while row['n'] == 3:\n"
+                                                                     "        time.sleep(60)\n", rows=50)
     start = time.monotonic()
-    assert refusal(capsys, *common) == (
+    assert refusal(capsys, *common, "data.adapter_timeout_s=0.5") == (
         f"data.adapter: stuck_rows:to_problem did not return within 0.5 s (data.adapter_timeout_s) on row 3 of "
         f"{data / 'train.jsonl'}, whose fields are: n")
     assert time.monotonic() - start < 10
