@@ -6,6 +6,8 @@ the same questions, and what a step cost (seconds per phase, peak memory, sample
 RUN_* are run directories (`steps.jsonl`, `eval/step_*/`).  `--up-to` counts only the steps both runs
 reached: step times and phase means are taken over training steps without an evaluation, so the two
 arms are compared on the same questions (same seed, same data order) and the same work.
+Arms given equal minutes reach different steps: each arm's last evaluation is also paired with the other's
+(`between.last`), the comparison an equal-time budget asks for.
 """
 from __future__ import annotations
 
@@ -91,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         if oa and ob:
             between[s] = paired_change(oa, ob)  # gained = right in b, wrong in a
     result["between"] = {"a": na, "b": nb, "at_step": between}
+    if a["evals"] and b["evals"]:
+        la, lb = max(a["evals"]), max(b["evals"])
+        oa = question_outcomes(named[na] / "eval" / f"step_{la:06d}")
+        ob = question_outcomes(named[nb] / "eval" / f"step_{lb:06d}")
+        if oa and ob:
+            result["between"]["last"] = {"a_step": la, "b_step": lb, **paired_change(oa, ob)}
 
     print(f"{'step':>5} | {na:>10} | {nb:>10} | {nb} vs {na}: gained/lost, McNemar p")
     for s in sorted(set(a["evals"]) | set(b["evals"])):
@@ -98,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         pair = between.get(s)
         tail = f"{pair['gained']}/{pair['lost']}, p={pair['p_value_mcnemar']:.2g}" if pair else ""
         print(f"{s:>5} | {acc[0]} | {acc[1]} | {tail}")
+    last = result["between"].get("last")
+    if last:
+        print(f"last evaluations, {na} step {last['a_step']} against {nb} step {last['b_step']}: "
+              f"{nb} {last['gained']}/{last['lost']}, p={last['p_value_mcnemar']:.2g}")
     for key in ("steps", "training_minutes", "seconds_median", "peak_memory_gib", "sample_tokens_per_s",
                 "sampling_rounds_per_step", "reward_all_first", "reward_all_last", "entropy_first",
                 "entropy_last", "first_to_last"):

@@ -55,7 +55,25 @@ def test_arms_are_compared_on_the_same_questions_and_steps(tmp_path, capsys):
     at2 = c["between"]["at_step"]["2"]
     assert (at2["n"], at2["gained"], at2["lost"]) == (10, 5, 4)
     assert c["between"]["at_step"]["0"]["gained"] == c["between"]["at_step"]["0"]["lost"] == 0
+    # The last evaluations (a's step 2 is its last within --up-to, b's step 2 too) are the same pair.
+    last = c["between"]["last"]
+    assert (last["a_step"], last["b_step"], last["gained"], last["lost"]) == (2, 2, 5, 4)
     assert "5/4, p=1" in capsys.readouterr().out
+
+
+def test_arms_that_reached_different_steps_are_paired_at_their_last_evaluations(tmp_path, capsys):
+    # Equal minutes: a reached step 3, b only step 1.  a's last: {0..5}; b's last: {0, 6, 7, 8, 9}.
+    a = write_run(tmp_path / "a", [1.0, 1.0, 1.0], [1.0] * 3, {0: {0}, 3: {0, 1, 2, 3, 4, 5}})
+    b = write_run(tmp_path / "b", [3.0], [1.0], {0: {0}, 1: {0, 6, 7, 8, 9}})
+    out = tmp_path / "c.json"
+    assert compare_runs.main([f"a={a}", f"b={b}", "--json", str(out)]) == 0
+    c = json.loads(out.read_text())
+    assert set(c["between"]["at_step"]) == {"0"}  # no other step both evaluated
+    last = c["between"]["last"]
+    # b right where a is wrong: {6..9}; a right where b is wrong: {1..5}.  p = 2 * P(X <= 4 | n=9).
+    assert (last["a_step"], last["b_step"], last["n"], last["gained"], last["lost"]) == (3, 1, 10, 4, 5)
+    assert math.isclose(last["p_value_mcnemar"], 1.0)
+    assert "a step 3 against b step 1: b 4/5, p=1" in capsys.readouterr().out
 
 
 def test_a_run_without_steps_is_refused(tmp_path, capsys):
