@@ -1,6 +1,6 @@
-"""A user's code that never returns, in a real launch: `launch/train.sh` -> the `deepspeed` launcher -> the
-4 ranks of launch/configs/grpo_cpu_tiny.yaml (a 2-stage policy pipeline on ranks 0-1, the reference and
-evaluator on rank 2, the sampler on rank 3), on gloo.  An environment's step() or a reward.fn that hangs
+"""A user's code that never returns, in a real launch: `launch/train.sh` -> the `deepspeed` launcher -> 2 ranks
+on gloo (the policy on rank 0; the sampler, reference and evaluator on rank 1: the rank whose user code hangs
+and one that waits on it, as many as the behaviour needs).  An environment's step() or a reward.fn that hangs
 on the model's responses must end the launch within its bound, with one line naming the culprit, the
 question and the rank, and leave no rank behind."""
 from __future__ import annotations
@@ -17,6 +17,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "launch" / "configs" / "grpo_cpu_tiny.yaml"
+# The policy on rank 0; the sampler (whose environment and reward.fn run the user's code), the reference
+# and the evaluator on rank 1.
+TWO_RANKS = ("topology.policy_ranks=[0]", "topology.pipeline_stages=1", "topology.sampler_rank=1",
+             "topology.reference_rank=1", "topology.evaluator_rank=1")
+SAMPLER = "rank 1 \\(sampler \\+ reference \\+ evaluator\\)"
 QUESTIONS = [f"What is {a} plus {b}?" for a, b in zip(range(1, 9), range(3, 11))]
 
 USER_CODE = '''
@@ -55,7 +60,7 @@ def setup(tmp_path_factory):
     (root / "code" / "rlft_test_hanging_code.py").write_text(textwrap.dedent(USER_CODE))
     return {"root": root, "code": root / "code",
             "common": (f"model.path={model}", f"data.source={data}", "schedule.evaluate_freq=0",
-                       "schedule.save_every=0", "schedule.steps=2", "data.shuffle=false")}
+                       "schedule.save_every=0", "schedule.steps=2", "data.shuffle=false", *TWO_RANKS)}
 
 
 def alive(processes: dict[int, psutil.Process]) -> list[str]:
@@ -111,8 +116,8 @@ def test_an_environment_step_that_never_returns_ends_the_launch(setup):
     assert rc != 0, stderr[-4000:]
     lines = [line for line in stderr.splitlines() if f"environment '{env_name}' step()" in line]
     assert len(lines) == 1, stderr[-4000:]
-    assert re.search(r"rlft: rank 3 \(sampler\) failed: EnvironmentCallError: environment "
-                     rf"'{env_name}' step\(\) \(question 'What is \d plus \d+\?', rank 3\) did not return within 3 s",
+    assert re.search(rf"rlft: {SAMPLER} failed: EnvironmentCallError: environment "
+                     rf"'{env_name}' step\(\) \(question 'What is \d plus \d+\?', rank 1\) did not return within 3 s",
                      lines[0]), lines[0]
     assert after < 30, stderr[-4000:]  # every other rank stopped on its own (the launch script's last resort is 60 s)
 
@@ -124,7 +129,7 @@ def test_a_reward_fn_that_never_returns_ends_the_launch(setup):
     assert rc != 0, stderr[-4000:]
     lines = [line for line in stderr.splitlines() if f"reward.fn {fn}: every call" in line]
     assert len(lines) == 1, stderr[-4000:]
-    assert re.search(rf"rlft: rank 3 \(sampler\) failed: RewardFunctionError: reward.fn {fn}: every call of a batch of "
+    assert re.search(rf"rlft: {SAMPLER} failed: RewardFunctionError: reward.fn {fn}: every call of a batch of "
                      r"4 failed \(errors=0, timed_out=4, crashed=0; .* e.g. on the question 'What is \d plus \d+\?' "
-                     r"\(ground truth '5', rank 3\)", lines[0]), lines[0]
+                     r"\(ground truth '5', rank 1\)", lines[0]), lines[0]
     assert after < 30, stderr[-4000:]
