@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -221,15 +222,25 @@ def _launch(out: Path, student: Path, data: Path, *overrides: str) -> list[dict]
     return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
 
 
-def test_the_teachers_signal_alone_teaches_the_student(student_and_teacher, tmp_path):
+OPD = ("distill.signal=opd", "grpo.dynamic_sampling=false")
+
+
+@pytest.fixture(scope="module")
+def opd_run(student_and_teacher, tmp_path_factory):
+    """The distilling launch on two ranks (policy; sampler + reference + teacher), STEPS steps, its last
+    checkpoint saved at the end: (output directory, its steps)."""
+    student, teacher, data = student_and_teacher
+    out = tmp_path_factory.mktemp("opd") / "run"
+    return out, _launch(out, student, data, f"teacher.path={teacher}", *OPD)
+
+
+def test_the_teachers_signal_alone_teaches_the_student(opd_run):
     """Two ranks (policy; sampler + reference + teacher), distill.signal opd: the advantages hold no reward
     at all, only the teacher's log-probs against the student's, yet the reward of the student's own samples
     rises (0.42 -> 0.72 with this seed) and the per-token reverse KL to the teacher falls (0.55 -> 0.15).
     The teacher's sign flipped, the reward would fall instead.  (Against GRPO alone on this task the same
     launch rises as fast, not faster: one token decides the reward, which GRPO's advantage already reaches.)"""
-    student, teacher, data = student_and_teacher
-    steps = _launch(tmp_path / "opd", student, data, f"teacher.path={teacher}", "distill.signal=opd",
-                    "grpo.dynamic_sampling=false")
+    _, steps = opd_run
     rewards, kl = [s["reward/mean"] for s in steps], [s["distill/reverse_kl"] for s in steps]
     print(f"\nopd: reward per step {[round(r, 3) for r in rewards]} | reverse KL {[round(k, 3) for k in kl]}")
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
@@ -238,13 +249,15 @@ def test_the_teachers_signal_alone_teaches_the_student(student_and_teacher, tmp_
     assert "time/teacher" in steps[0] and steps[0]["distill/weight"] == 1.0
 
 
-def test_one_process_hosts_the_teacher_and_resumes(student_and_teacher, tmp_path):
-    """Every role on one rank (as on one GPU); a second launch resumes the run and goes on distilling."""
+def test_one_process_hosts_the_teacher_and_resumes(student_and_teacher, opd_run, tmp_path):
+    """Every role on one rank (as on one GPU), the teacher's too: a launch resumes the two-rank run above
+    from its last checkpoint (the policy's layout, one stage, is the same; where the other roles sit may
+    change) and goes on distilling."""
     student, teacher, data = student_and_teacher
+    first_dir, first = opd_run
+    shutil.copytree(first_dir, tmp_path / "run")
     one_rank = ("topology.sampler_rank=0", "topology.reference_rank=0", "topology.evaluator_rank=0",
-                f"teacher.path={teacher}", "distill.signal=opd", "grpo.dynamic_sampling=false")
-    first = _launch(tmp_path / "run", student, data, *one_rank, "schedule.steps=2")
-    assert [s["step"] for s in first] == [1, 2]
-    both = _launch(tmp_path / "run", student, data, *one_rank, "schedule.steps=3")
-    assert [s["step"] for s in both] == [1, 2, 3] and both[:2] == first
-    assert both[2]["distill/weight"] == 1.0 and "distill/teacher_logprob" in both[2]
+                f"teacher.path={teacher}", *OPD)
+    both = _launch(tmp_path / "run", student, data, *one_rank, f"schedule.steps={STEPS + 1}")
+    assert [s["step"] for s in both] == list(range(1, STEPS + 2)) and both[:STEPS] == first
+    assert both[STEPS]["distill/weight"] == 1.0 and "distill/teacher_logprob" in both[STEPS]
