@@ -173,15 +173,6 @@ def test_resume_continues_with_the_same_next_batch(tiny_run):
     assert not (ck / "roles").exists()
 
 
-def test_finished_output_is_evaluated_not_retrained(tiny_run):
-    res = launch(*tiny_run["common"], "schedule.steps=4")
-    assert res.returncode == 0, res.stderr[-4000:]
-    assert "already holds a trained model" in res.stderr
-    assert len(read_steps(tiny_run["out"])) == 4
-    summary = json.loads((tiny_run["out"] / "eval" / "final" / "summary.json").read_text())
-    assert summary["num_examples"] == 4
-
-
 FAILING_ENVIRONMENT = '''
 import os
 
@@ -354,21 +345,32 @@ def logged_samples(out: Path) -> dict[int, list[tuple[float, str]]]:
     return found
 
 
-def test_custom_reward_function_end_to_end_on_two_ranks(tiny_run, tmp_path):
+@pytest.fixture(scope="module")
+def custom_reward_run(tmp_path_factory, taught):
+    """Two ranks, 2 steps with the user's reward.fn (and TIS, overlong filtering, two epochs per rollout,
+    step 2 profiled): (output directory, its launch's overrides and environment, the launch's result)."""
+    root = tmp_path_factory.mktemp("custom_reward")
+    module_dir = root / "user_rewards"
+    module_dir.mkdir()
+    (module_dir / "seven_reward.py").write_text(SEVEN_REWARD)
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(module_dir), os.environ.get("PYTHONPATH")) if p)}
+    out = root / "run"
+    model, data = taught
+    args = (f"model.path={model}", f"data.source={data}", f"output.dir={out}", "sampling.repetition_penalty=1.0",
+            "data.prompt_template=r1_short", *TWO_RANKS,
+            "reward.fn=seven_reward:reward", "schedule.steps=2", "schedule.save_every=0",
+            "schedule.evaluate_freq=0", "schedule.log_samples_every=1", "schedule.num_logged_samples=4",
+            "grpo.rollout_is=tis", "grpo.overlong=filter", "grpo.epochs_per_rollout=2", "optim.lr=1e-3",
+            "schedule.profile_steps=[2]")
+    return out, args, env, launch(*args, env=env)
+
+
+def test_custom_reward_function_end_to_end_on_two_ranks(custom_reward_run):
     """reward.fn names a module of the user's (on PYTHONPATH): the logged rewards are exactly what it
     gives.  The same run switches on TIS and overlong filtering and checks what they log, and takes
     two optimizer steps per rollout: the old log-probs come from the pipeline before the first, so in
     the second epoch the ratio moves away from 1 wherever the first had a gradient."""
-    module_dir = tmp_path / "user_rewards"
-    module_dir.mkdir()
-    (module_dir / "seven_reward.py").write_text(SEVEN_REWARD)
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(module_dir), os.environ.get("PYTHONPATH")) if p)}
-    out = tmp_path / "custom_reward"
-    res = launch(*tiny_run["common"][:2], f"output.dir={out}", *tiny_run["common"][3:], *TWO_RANKS,
-                 "reward.fn=seven_reward:reward", "schedule.steps=2", "schedule.save_every=0",
-                 "schedule.evaluate_freq=0", "schedule.log_samples_every=1", "schedule.num_logged_samples=4",
-                 "grpo.rollout_is=tis", "grpo.overlong=filter", "grpo.epochs_per_rollout=2", "optim.lr=1e-3",
-                 "schedule.profile_steps=[2]", env=env)
+    out, _, _, res = custom_reward_run
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     assert "rlft.train_grpo: 2 rank(s)" in res.stderr
     steps = read_steps(out)
@@ -399,6 +401,18 @@ def test_custom_reward_function_end_to_end_on_two_ranks(tiny_run, tmp_path):
     moved = [s for s in steps if s["batch/zero_variance_group_fraction"] < 1]
     assert moved, steps
     assert all(s["ratio_max"] > 1.0 for s in moved)
+
+
+def test_finished_output_is_evaluated_not_retrained(custom_reward_run):
+    # The same launch again on the finished run's output: its model is evaluated, nothing retrained.
+    out, args, env, first = custom_reward_run
+    assert first.returncode == 0, first.stderr[-4000:]
+    res = launch(*args, env=env)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "already holds a trained model" in res.stderr
+    assert len(read_steps(out)) == 2
+    summary = json.loads((out / "eval" / "final" / "summary.json").read_text())
+    assert summary["num_examples"] == 4
 
 
 def test_a_bad_reward_function_is_refused_before_launch(tiny_run, tmp_path):
