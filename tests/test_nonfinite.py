@@ -47,6 +47,8 @@ def test_a_non_finite_gradient_skips_the_update_and_zeroes_the_gradients():
 
 
 def _two_stage_worker(rank: int, port: int, results):
+    """One of two policy ranks (stages) on gloo: the skip check, then the rollback check (`_rollback_check`),
+    each on a model of its own; results[(check, rank)] = (updates skipped or rolled back, weights unchanged)."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -54,17 +56,23 @@ def _two_stage_worker(rank: int, port: int, results):
     before = [p.detach().clone() for p in model.parameters()]
     _backward(model, poison=rank == 1)  # only the second stage's gradients are NaN
     opt.step()
-    results[rank] = (guard.skipped, all(torch.equal(p, b) for p, b in zip(model.parameters(), before)))
+    results[("skip", rank)] = (guard.skipped, all(torch.equal(p, b) for p, b in zip(model.parameters(), before)))
+    results[("rollback", rank)] = _rollback_check(rank)
     dist.destroy_process_group()
 
 
-def test_every_policy_rank_skips_together():
+@pytest.fixture(scope="module")
+def two_stages() -> dict:
+    """Both checks of two policy ranks, in one start of two processes: (check, rank) -> result."""
     with mp.Manager() as m:
         results = m.dict()
         mp.start_processes(_two_stage_worker, args=(free_port(), results), nprocs=2, start_method="spawn", join=True)
-        res = dict(results)
+        return dict(results)
+
+
+def test_every_policy_rank_skips_together(two_stages):
     # Stage 0's gradients were finite, yet it skips with stage 1: the stages stay one model.
-    assert res == {0: (1, True), 1: (1, True)}
+    assert {rank: two_stages[("skip", rank)] for rank in (0, 1)} == {0: (1, True), 1: (1, True)}
 
 
 # One DeepSpeed engine (ZeRO-1, bf16, as the GPU template) whose own overflow check is off, as it
@@ -224,12 +232,10 @@ def test_divergence_factor_zero_keeps_every_finite_update():
     assert max(p.abs().max() for p in model.parameters()) > 1e20
 
 
-def _rollback_worker(rank: int, port: int, results):
-    import torch.distributed as dist
-
+def _rollback_check(rank: int) -> tuple[int, bool]:
+    """In `_two_stage_worker`'s process group: (updates rolled back, weights unchanged) of this rank."""
     from rlft.roles.policy import GuardedAdamW
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     torch.manual_seed(rank)
     model = torch.nn.Linear(3, 2)
     # Only stage 1's learning rate blows up; stage 0's update alone is sane, yet it rolls back too.
@@ -237,13 +243,8 @@ def _rollback_worker(rank: int, port: int, results):
     before = [p.detach().clone() for p in model.parameters()]
     _backward(model, poison=False)
     opt.step()
-    results[rank] = (opt.rolled_back, all(torch.equal(p, b) for p, b in zip(model.parameters(), before)))
-    dist.destroy_process_group()
+    return opt.rolled_back, all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
-def test_every_policy_rank_rolls_back_together():
-    with mp.Manager() as m:
-        results = m.dict()
-        mp.start_processes(_rollback_worker, args=(free_port(), results), nprocs=2, start_method="spawn", join=True)
-        res = dict(results)
-    assert res == {0: (1, True), 1: (1, True)}
+def test_every_policy_rank_rolls_back_together(two_stages):
+    assert {rank: two_stages[("rollback", rank)] for rank in (0, 1)} == {0: (1, True), 1: (1, True)}
