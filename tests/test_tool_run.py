@@ -32,6 +32,7 @@ GROUP = 8
 # 0.0625, so at most 0.05 for the difference of two 3-step means).  Measured: 0.55 -> 0.90, per step
 # 0.22 0.63 0.81 0.84 0.52 0.89 0.72 0.91 0.91 0.89; tool calls per episode 0.22 -> 0.98.
 MIN_RISE = 0.25
+ALONE = ("topology.sampler_rank=0", "topology.reference_rank=0", "topology.evaluator_rank=0")
 OVERRIDES = (
     "topology.policy_ranks=[0]", "topology.pipeline_stages=1", "topology.sampler_rank=1",
     "topology.reference_rank=1", "topology.evaluator_rank=1",
@@ -150,10 +151,12 @@ def check_final_evaluation(out: Path, last: dict) -> None:
 
 def test_the_rollout_options_run_in_a_real_launch(tmp_path, taught):
     """Void-turn filtering, the well-formed-call reward and annealed demonstrations, on together: every
-    step logs them, and the reward is the grader's plus the bonus of the episodes that called the tool."""
+    step logs them, and the reward is the grader's plus the bonus of the episodes that called the tool.
+    One rank hosts every role: what is checked is the sampler's episodes and the step's records, not
+    how the weights travel (the run above checks that)."""
     model, data, _, _ = taught
     weight, steps_n = 0.25, 3
-    steps = launch(model, data, tmp_path / "run", f"schedule.steps={steps_n}", "environment.void_turns=filter",
+    steps = launch(model, data, tmp_path / "run", *ALONE, f"schedule.steps={steps_n}", "environment.void_turns=filter",
                    "reward.tool_reward=well_formed_calls", f"reward.tool_reward_weight={weight}",
                    "environment.demonstrations=annealed", "environment.demonstration_steps=2")
     assert [s["step"] for s in steps] == list(range(1, steps_n + 1))
