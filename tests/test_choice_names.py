@@ -39,8 +39,8 @@ UNRELATED = {
     ("rlft/config/role_records.py", "reference_logprobs_by(cfg, training.objective) =="): "who computes the reference log-probs, a role's name",
     ("rlft/roles/policy.py", "reference_logprobs_by(self.cfg, self.objective) =="): "who computes the reference log-probs, a role's name",
     ("rlft/config/topology.py", 'name == "policy"'): "the policy role's name, not an old log-probs source",
-    ("rlft/engines/vllm_engine.py", 'reason == "stop"'): "vLLM's own CompletionOutput.finish_reason, read into rlft's",
-    ("rlft/engines/vllm_engine.py", 'reason not in ("stop", "length")'): "vLLM's own CompletionOutput.finish_reason values",
+    ("rlft/engines/vllm_requests.py", 'reason == "stop"'): "vLLM's own CompletionOutput.finish_reason, read into rlft's",
+    ("rlft/engines/vllm_requests.py", 'reason not in ("stop", "length")'): "vLLM's own CompletionOutput.finish_reason values",
     ("rlft/engines/vllm_worker.py", '"vllm" in sys.modules'): "the vllm package's module name, not the engine's",
     ("rlft/runtime/bridge.py", 'backend == "gloo"'): "torch.distributed's backend, not a weight transport",
 }

@@ -312,6 +312,67 @@ def test_seeded_sampling_reproducible_with_distinct_samples(engine, tokenizer):
 
 
 @requires_vllm
+def test_continuous_requests_go_on_without_waiting_for_each_other(engine, tokenizer):
+    """``generate_continuous``: a follow-up joins the running batch at once, so key 1's four short
+    follow-ups all finish while key 0's one long request runs; each follow-up samples what ``generate``
+    samples for the same request and seed."""
+    engine.update_weights(helpers.random_model(tokenizer, seed=14, std=0.05).state_dict().items())
+    prompts = [helpers.encode(tokenizer, "Hi"), helpers.encode(tokenizer, "Ho")]
+
+    def exactly(tokens: int, seed: int) -> SamplingSpec:
+        return SamplingSpec(temperature=1.0, max_tokens=tokens, min_tokens=tokens, stop=[], seed=seed)
+
+    order, sent = [], {0: [], 1: []}
+
+    def follow(key, completion):
+        order.append((key, len(completion.token_ids)))
+        asked = sent[key]
+        if (key == 0 and not asked) or (key == 1 and len(asked) < 4):
+            request = (prompts[key] + completion.token_ids, exactly(40 if key == 0 else 2, 100 + len(order)))
+            asked.append((request, completion))
+            return request
+        asked.append((None, completion))
+        return None
+
+    engine.generate_continuous(prompts, exactly(2, 3), follow)
+    assert sorted(order[:2]) == [(0, 2), (1, 2)]
+    assert order[2:] == [(1, 2)] * 4 + [(0, 40)]
+    for key in (0, 1):
+        for (request, _), (_, answer) in zip(sent[key], sent[key][1:]):
+            [[again]] = engine.generate([request[0]], request[1])
+            assert again.token_ids == answer.token_ids and again.text == answer.text
+    # The first requests are seeded as generate seeds them (prompt i: seed + i * n).
+    first = engine.generate(prompts, exactly(2, 3))
+    assert [g[0].token_ids for g in first] == [sent[0][0][1].token_ids, sent[1][0][1].token_ids]
+
+
+@requires_vllm
+def test_a_failing_follow_up_aborts_the_requests_still_running(engine, tokenizer):
+    engine.update_weights(helpers.random_model(tokenizer, seed=14, std=0.05).state_dict().items())
+    prompts = [helpers.encode(tokenizer, "Hi"), helpers.encode(tokenizer, "Ho")]
+
+    def exactly(tokens: int) -> SamplingSpec:
+        return SamplingSpec(temperature=0.0, max_tokens=tokens, min_tokens=tokens, stop=[])
+
+    calls = []
+
+    def follow(key, completion):
+        calls.append(key)
+        if key == 1:  # one long follow-up, still running when key 0 fails
+            return (prompts[1] + completion.token_ids, exactly(40)) if calls.count(1) == 1 else None
+        if calls.count(0) == 1:
+            return prompts[0] + completion.token_ids, exactly(3)
+        raise RuntimeError("the environment broke")
+
+    with pytest.raises(RuntimeError, match="the environment broke"):
+        engine.generate_continuous(prompts, exactly(2), follow)
+    assert calls.count(0) == 2 and calls.count(1) == 1  # key 1's long request never came back
+    assert not engine.llm.llm_engine.has_unfinished_requests()
+    [[a], [b]] = engine.generate(prompts, exactly(3))
+    assert len(a.token_ids) == len(b.token_ids) == 3
+
+
+@requires_vllm
 def test_completions_carry_the_raw_logprobs_of_their_tokens(engine, tokenizer):
     """vLLM's returned log-probs are the model's own (raw logits, temperature 1): they match the HF
     model's on the same weights within float noise, whatever the penalty, temperature and top-p."""

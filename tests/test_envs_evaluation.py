@@ -8,6 +8,7 @@ answer, a malformed call answered with an error and then a right answer, a wrong
 wrong result, a right direct answer."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
@@ -193,3 +194,42 @@ def test_an_sft_target_is_tokenised_as_the_episode_it_describes(taught, engine):
         ids, mask = target_token_ids(tok, start, target)
         assert (ids + [tok.eos_token_id], mask + [1]) == (episode.token_ids, episode.response_mask), target
     assert sum(len(e.turns) > 1 for [e] in played) == 3  # three of them called the tool
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_vllm_plays_each_episode_on_without_waiting_and_replays_the_lockstep(taught, engine):
+    """On vLLM every episode's next turn joins the running batch as soon as the calculator has answered
+    (``continuous_turns``); greedy, that plays the very episodes the turn-by-turn driver plays, on vLLM
+    and on the HF engine: the taught ones, token for token, and the same cuts under a tight budget."""
+    from rlft.engines import make_engine
+    from rlft.envs.episodes import open_episodes, run_episodes
+
+    env, tok = taught["env"], taught["tok"]
+    starts, prompt_ids = open_episodes(env, [q for q, _, _ in SCRIPT], [gt for _, gt, _ in SCRIPT], tok)
+    vllm = make_engine("vllm", taught["model"], dtype="float32", device="cpu", seed=0,
+                       options=dict(max_model_len=max(map(len, prompt_ids)) + 96, kv_cache_memory_bytes=32 << 20))
+    try:
+        assert vllm.continuous_turns
+
+        def played(eng, budget: int, lockstep: bool = False):
+            if lockstep:
+                eng.continuous_turns = False
+            try:
+                groups = run_episodes(eng, prompt_ids, starts, greedy(), tok, env, max_turns=3,
+                                      max_episode_tokens=budget)
+            finally:
+                if lockstep:
+                    del eng.continuous_turns  # back to the class's own
+            return [[(e.token_ids, e.response_mask, e.turns, e.num_turns, e.tool_calls, e.tool_errors,
+                      e.finish_reason) for e in group] for group in groups]
+
+        continuous = played(vllm, 80)
+        for group, (_, response_ids, mask) in zip(continuous, taught["rows"]):
+            assert [(ids, m) for ids, m, *_ in group] == [(response_ids, mask)]
+        assert continuous == played(vllm, 80, lockstep=True) == played(engine, 80)
+        # A budget that ends the calling episodes mid-way: the same cuts, "max_tokens" where it bites.
+        tight = played(vllm, 30)
+        assert tight == played(vllm, 30, lockstep=True) == played(engine, 30)
+        assert {e[-1] for group in tight for e in group} >= {"max_tokens", "eos"}
+    finally:
+        vllm.close()

@@ -15,6 +15,8 @@ name means.  ``sampling.backend: auto`` is resolved once, at a launch's start
     hf_engine.py     HF ``generate`` (any device; the tests' fast path)
     vllm_backend.py  vLLM's record: its settings (``sampling.vllm``), version and device checks
     vllm_engine.py   vLLM in its own process, weights updated in place
+    vllm_requests.py SamplingSpec as vLLM's SamplingParams, outputs as Completions, and requests
+                     that join the running batch as they are made (an episode's next turn)
     vllm_sender.py   the owner's side of those updates: tensors checked, packed and sent in buckets
     vllm_worker.py   the worker extension inside vLLM's process that takes the weights
     vllm_lora.py     LoRA adapters loaded into vLLM (``model.lora.sync: adapter``) and their checksum

@@ -147,7 +147,13 @@ class Completion:
 
 
 class RolloutEngine(ABC):
-    """A sampler whose weights the trainer can replace in place."""
+    """A sampler whose weights the trainer can replace in place.
+
+    ``continuous_turns``: the engine also has ``generate_continuous(prompt_token_ids, spec, follow)``, which
+    takes each multi-turn episode's next turn as soon as its environment has answered (vLLM); without it
+    an episode's turns go turn by turn, every live episode's turn in one ``generate`` call."""
+
+    continuous_turns: bool = False
 
     @abstractmethod
     def generate(self, prompt_token_ids: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:

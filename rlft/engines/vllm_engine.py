@@ -15,12 +15,13 @@ instead (``update_adapter``, ``finish_adapter_update``; :mod:`rlft.engines.vllm_
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
 from rlft.engines.base import Completion, EngineUnavailable, RolloutEngine, SamplingSpec
 from rlft.engines.vllm_backend import check_vllm, vllm_is_cpu_build
+from rlft.engines.vllm_requests import completion_of, decode_texts, params_of, run_continuous
 from rlft.engines.vllm_sender import TRANSPORTS, WeightSender
 
 logger = logging.getLogger(__name__)
@@ -169,35 +170,13 @@ class VLLMEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ generate
     def generate(self, prompt_token_ids: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        spec.validate()
-        if self._asleep:
-            raise RuntimeError("the vLLM engine is asleep; call wake() before generate()")
-        for i, prompt in enumerate(prompt_token_ids):
-            if len(prompt) == 0:
-                raise ValueError(f"prompt {i} is empty")
-        # vLLM finds stop strings in the text it detokenises as it goes (and refuses stop strings
-        # without it); with none, one batched decode afterwards gives the same text for less.
+        self._check_request(prompt_token_ids, spec, "generate")
         detokenize = bool(spec.stop)
-        params = [
-            SamplingParams(
-                n=spec.n,
-                temperature=spec.temperature,
-                top_p=spec.top_p,
-                min_tokens=spec.min_tokens,
-                max_tokens=spec.max_tokens,
-                stop=list(spec.stop),
-                include_stop_str_in_output=spec.include_stop_str_in_output,
-                repetition_penalty=spec.repetition_penalty,
-                logprobs=0 if spec.logprobs else None,  # 0: the sampled token's alone
-                detokenize=detokenize,
-                # vLLM gives the j-th of n samples seed + j: distinct seeds for every sample.
-                seed=None if spec.seed is None else spec.seed + i * spec.n,
-            )
-            for i in range(len(prompt_token_ids))
-        ]
+        # vLLM gives the j-th of n samples seed + j: distinct seeds for every sample.
+        params = [params_of(spec, None if spec.seed is None else spec.seed + i * spec.n)
+                  for i in range(len(prompt_token_ids))]
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids]
         raw_first = self.raw_engine_baseline and self._raw_calls % 2 == 0  # A/B, then B/A, ...
         if raw_first:
@@ -206,12 +185,30 @@ class VLLMEngine(RolloutEngine):
         if self.raw_engine_baseline and not raw_first:
             self._raw_generate(prompts, params)
         groups = [
-            [_completion(o) for o in sorted(request.outputs, key=lambda o: o.index)]
+            [completion_of(o) for o in sorted(request.outputs, key=lambda o: o.index)]
             for request in outputs
         ]
         if not detokenize:
             decode_texts(self.llm.get_tokenizer(), [c for group in groups for c in group])
         return groups
+
+    # Multi-turn episodes (rlft.envs.episodes) continue each episode as soon as its turn is answered.
+    continuous_turns = True
+
+    def generate_continuous(self, prompt_token_ids: list[list[int]], spec: SamplingSpec,
+                            follow: Callable[[int, Completion], tuple[list[int], SamplingSpec] | None]) -> None:
+        """``spec.n`` completions of each prompt, then whatever ``follow(key, completion)`` asks next, each
+        request joining the running batch the moment it is made (:func:`rlft.engines.vllm_requests.run_continuous`)."""
+        self._check_request(prompt_token_ids, spec, "generate_continuous")
+        run_continuous(self.llm, prompt_token_ids, spec, follow, self._adapter_kwargs())
+
+    def _check_request(self, prompt_token_ids: list[list[int]], spec: SamplingSpec, method: str) -> None:
+        spec.validate()
+        if self._asleep:
+            raise RuntimeError(f"the vLLM engine is asleep; call wake() before {method}()")
+        for i, prompt in enumerate(prompt_token_ids):
+            if len(prompt) == 0:
+                raise ValueError(f"prompt {i} is empty")
 
     def _raw_generate(self, prompts: list, params: list) -> None:
         """The same requests through ``LLM.generate`` with vLLM's default outputs, on an empty prefix
@@ -375,36 +372,6 @@ def _free_gpu_bytes() -> int | None:
     if not torch.cuda.is_available():
         return None
     return torch.cuda.mem_get_info()[0]
-
-
-def decode_texts(tokenizer, completions: list[Completion]) -> None:
-    """Fill in the text of completions sampled with ``detokenize=False``: one batched decode, without
-    special tokens, as vLLM's own detokenizer writes it (there is no stop string to cut at).
-
-    vLLM's incremental detokenizer holds back text that ends in U+FFFD (an incomplete UTF-8
-    character that a later token may complete) and never emits what is still held at the end; so
-    a text ending in U+FFFD is cut back to the longest token prefix whose text does not."""
-    texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
-    for c, text in zip(completions, texts, strict=True):
-        k = len(c.token_ids)
-        while text.endswith("\ufffd") and k > 0:
-            k -= 1
-            text = tokenizer.decode(c.token_ids[:k], skip_special_tokens=True)
-        c.text = text
-
-
-def _completion(output) -> Completion:
-    """vLLM ``CompletionOutput`` -> :class:`Completion`. vLLM reports eos as ``"stop"`` with
-    ``stop_reason`` ``None`` (tokenizer eos) or an int (a generation-config eos id)."""
-    reason = output.finish_reason
-    if reason == "stop" and not isinstance(output.stop_reason, str):
-        reason = "eos"
-    elif reason not in ("stop", "length"):
-        raise RuntimeError(f"vLLM finished a request with {reason!r} (stop_reason={output.stop_reason!r})")
-    logprobs = None
-    if output.logprobs is not None:  # one {token id: Logprob} per generated token
-        logprobs = [float(position[token].logprob) for position, token in zip(output.logprobs, output.token_ids)]
-    return Completion(token_ids=list(output.token_ids), text=output.text, finish_reason=reason, logprobs=logprobs)
 
 
 def _hf_parameter_shapes(config) -> dict[str, tuple[int, ...]]:

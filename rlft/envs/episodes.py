@@ -6,8 +6,10 @@ the model's turns, the environment's answers appended as tokens, and what the tr
                           max_turns=4, max_episode_tokens=1024)     # B lists of spec.n EpisodeResult
 
 Turn 1 samples ``spec.n`` completions per prompt (the group); every later turn continues each live
-episode with one completion, all live episodes of a turn in one engine call, each prompted with its
-prompt + the episode's tokens so far (an engine with prefix caching reuses the shared prefix).
+episode with one completion, prompted with its prompt + the episode's tokens so far (an engine with
+prefix caching reuses the shared prefix).  An engine with continuous batching (``continuous_turns``:
+vLLM) takes each episode's next turn the moment the environment has answered; on any other engine all
+live episodes of a turn go in one call, so each turn waits for the longest of them.
 A turn ends at the run's stop strings, the environment's (``Environment.stop``, e.g.
 ``</tool_call>``), eos or its token cap; stop strings are kept in the turn's text.
 
@@ -243,6 +245,20 @@ def run_episodes(engine: RolloutEngine, prompt_token_ids: Sequence[Sequence[int]
     questions = list(questions) if questions is not None else [None] * len(starts)
     episodes = [_Episode(start, spec.logprobs, q) for start, q in zip(starts, questions) for _ in range(n)]
     prompts = [list(p) for p in prompt_token_ids for _ in range(n)]  # per episode
+    play = dict(spec=spec, tokenizer=tokenizer, environment=environment, max_turns=max_turns,
+                max_episode_tokens=max_episode_tokens, template_kwargs=template_kwargs)
+    if environment.multi_turn and max_turns > 1 and getattr(engine, "continuous_turns", False):
+        _play_continuous(engine, prompt_token_ids, prompts, episodes, base, play)
+    else:
+        _play_lockstep(engine, prompt_token_ids, prompts, episodes, base, play)
+    results = [ep.result for ep in episodes]
+    return [results[i * n:(i + 1) * n] for i in range(len(prompt_token_ids))]
+
+
+def _play_lockstep(engine: RolloutEngine, prompt_token_ids: Sequence[Sequence[int]], prompts: list[list[int]],
+                   episodes: list[_Episode], base: SamplingSpec, play: dict) -> None:
+    """Turn by turn: each turn of every live episode in one engine call (any engine)."""
+    spec, max_turns, max_episode_tokens = play["spec"], play["max_turns"], play["max_episode_tokens"]
     live = list(range(len(episodes)))
     for turn in range(1, max_turns + 1):
         if turn == 1:
@@ -251,14 +267,34 @@ def run_episodes(engine: RolloutEngine, prompt_token_ids: Sequence[Sequence[int]
             completions = _sample_later_turn(engine, [prompts[i] for i in live], [episodes[i] for i in live],
                                              base, spec, seed_offset=(turn - 1) * len(episodes),
                                              max_episode_tokens=max_episode_tokens)
-        live = [i for i, c in zip(live, completions)
-                if _play_turn(episodes[i], c, turn=turn, spec=spec, tokenizer=tokenizer, environment=environment,
-                              max_turns=max_turns, max_episode_tokens=max_episode_tokens,
-                              template_kwargs=template_kwargs)]
+        live = [i for i, c in zip(live, completions) if _play_turn(episodes[i], c, turn=turn, **play)]
         if not live:
             break
-    results = [ep.result for ep in episodes]
-    return [results[i * n:(i + 1) * n] for i in range(len(prompt_token_ids))]
+
+
+def _play_continuous(engine: RolloutEngine, prompt_token_ids: Sequence[Sequence[int]], prompts: list[list[int]],
+                     episodes: list[_Episode], base: SamplingSpec, play: dict) -> None:
+    """Each episode on its own: its next turn goes to the engine as soon as the environment has answered
+    its last (``engine.generate_continuous``), so no episode waits for the slowest turn of the others.
+    Turn 1 is the lockstep's first call; a later turn is capped at the episode's own room and, with a
+    seed, seeded ``spec.seed + (turn - 1) * len(episodes) + e`` for episode ``e`` (the lockstep numbers
+    the live episodes instead): unseeded or greedy, the episodes are the lockstep's."""
+    spec, max_episode_tokens = play["spec"], play["max_episode_tokens"]
+    cap = min(spec.max_tokens, max_episode_tokens)
+    first = replace(base, max_tokens=cap, min_tokens=min(spec.min_tokens, cap))
+    turns = [1] * len(episodes)
+
+    def follow(e: int, completion: Completion) -> tuple[list[int], SamplingSpec] | None:
+        ep, turn = episodes[e], turns[e]
+        if not _play_turn(ep, completion, turn=turn, **play):
+            return None
+        turns[e] = turn + 1
+        room = max_episode_tokens - len(ep.result.token_ids)
+        seed = None if spec.seed is None else spec.seed + turn * len(episodes) + e
+        return prompts[e] + ep.result.token_ids, replace(base, n=1, max_tokens=min(spec.max_tokens, room),
+                                                          min_tokens=0, seed=seed)
+
+    engine.generate_continuous([list(p) for p in prompt_token_ids], first, follow)
 
 
 def _sample_first_turn(engine: RolloutEngine, prompt_token_ids: Sequence[Sequence[int]], base: SamplingSpec,
