@@ -280,8 +280,7 @@ def _play_continuous(engine: RolloutEngine, prompt_token_ids: Sequence[Sequence[
     seed, seeded ``spec.seed + (turn - 1) * len(episodes) + e`` for episode ``e`` (the lockstep numbers
     the live episodes instead): unseeded or greedy, the episodes are the lockstep's."""
     spec, max_episode_tokens = play["spec"], play["max_episode_tokens"]
-    cap = min(spec.max_tokens, max_episode_tokens)
-    first = replace(base, max_tokens=cap, min_tokens=min(spec.min_tokens, cap))
+    first = _first_turn_call(base, spec, max_episode_tokens)
     turns = [1] * len(episodes)
 
     def follow(e: int, completion: Completion) -> tuple[list[int], SamplingSpec] | None:
@@ -291,10 +290,20 @@ def _play_continuous(engine: RolloutEngine, prompt_token_ids: Sequence[Sequence[
         turns[e] = turn + 1
         room = max_episode_tokens - len(ep.result.token_ids)
         seed = None if spec.seed is None else spec.seed + turn * len(episodes) + e
-        return prompts[e] + ep.result.token_ids, replace(base, n=1, max_tokens=min(spec.max_tokens, room),
-                                                          min_tokens=0, seed=seed)
+        return prompts[e] + ep.result.token_ids, _later_turn_call(base, spec, room, seed)
 
     engine.generate_continuous([list(p) for p in prompt_token_ids], first, follow)
+
+
+def _first_turn_call(base: SamplingSpec, spec: SamplingSpec, max_episode_tokens: int) -> SamplingSpec:
+    """Turn 1's sampling: ``base`` with its ``max_tokens`` (and ``min_tokens``) within the episode's budget."""
+    cap = min(spec.max_tokens, max_episode_tokens)
+    return replace(base, max_tokens=cap, min_tokens=min(spec.min_tokens, cap))
+
+
+def _later_turn_call(base: SamplingSpec, spec: SamplingSpec, room: int, seed: int | None) -> SamplingSpec:
+    """A later turn's sampling: one completion within ``room`` tokens, no ``min_tokens``, ``seed``."""
+    return replace(base, n=1, max_tokens=min(spec.max_tokens, room), min_tokens=0, seed=seed)
 
 
 def _sample_first_turn(engine: RolloutEngine, prompt_token_ids: Sequence[Sequence[int]], base: SamplingSpec,
@@ -302,9 +311,7 @@ def _sample_first_turn(engine: RolloutEngine, prompt_token_ids: Sequence[Sequenc
     """Turn 1: ``spec.n`` completions of each prompt in one engine call (``base``, its
     ``max_tokens`` within ``max_episode_tokens``), flattened in episode order."""
     n = spec.n
-    cap = min(spec.max_tokens, max_episode_tokens)
-    call = replace(base, max_tokens=cap, min_tokens=min(spec.min_tokens, cap))
-    groups = engine.generate([list(p) for p in prompt_token_ids], call)
+    groups = engine.generate([list(p) for p in prompt_token_ids], _first_turn_call(base, spec, max_episode_tokens))
     if len(groups) != len(prompt_token_ids) or any(len(g) != n for g in groups):
         raise RuntimeError(f"the rollout engine returned {[len(g) for g in groups]} completions for "
                            f"{len(prompt_token_ids)} prompts, expected {n} each")
@@ -319,8 +326,8 @@ def _sample_later_turn(engine: RolloutEngine, prompts: list[list[int]], episodes
     no ``min_tokens``, and (when ``spec.seed`` is set) seeds from ``spec.seed + seed_offset``."""
     room = max(max_episode_tokens - len(ep.result.token_ids) for ep in episodes)
     seed = None if spec.seed is None else spec.seed + seed_offset
-    call = replace(base, n=1, max_tokens=min(spec.max_tokens, room), min_tokens=0, seed=seed)
-    groups = engine.generate([p + ep.result.token_ids for p, ep in zip(prompts, episodes)], call)
+    groups = engine.generate([p + ep.result.token_ids for p, ep in zip(prompts, episodes)],
+                             _later_turn_call(base, spec, room, seed))
     if len(groups) != len(episodes) or any(len(g) != 1 for g in groups):
         raise RuntimeError(f"the rollout engine returned {[len(g) for g in groups]} completions for "
                            f"{len(episodes)} prompts, expected 1 each")
