@@ -62,15 +62,32 @@ def model_dir(tokenizer, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir):
-    eng = make_engine(
-        "vllm",
-        model_dir,
-        dtype="float32",
-        device="cpu",
-        seed=0,
-        options=dict(max_model_len=128, kv_cache_memory_bytes=32 << 20),
-    )
+def engine_log(tmp_path_factory):
+    """Where the module's engine processes (vLLM's engine core and worker) write (stdout and stderr)."""
+    return tmp_path_factory.mktemp("vllm_log") / "engine.err"
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir, engine_log):
+    # vLLM's processes inherit this process's stdout and stderr when they start: point both at engine_log
+    # meanwhile, so that a test can read what the worker printed (capfd holds descriptors from its own test on).
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    with open(engine_log, "wb") as log:
+        for fd in saved:
+            os.dup2(log.fileno(), fd)
+        try:
+            eng = make_engine(
+                "vllm",
+                model_dir,
+                dtype="float32",
+                device="cpu",
+                seed=0,
+                options=dict(max_model_len=128, kv_cache_memory_bytes=32 << 20),
+            )
+        finally:
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
     assert isinstance(eng, VLLMEngine)
     yield eng
     eng.close()
@@ -248,27 +265,26 @@ def test_update_weights_matches_source_checksum_and_hf_greedy(engine, tokenizer,
 
 
 @requires_vllm
-def test_streamed_partial_update_in_small_buckets(model_dir, tokenizer, chain_state, capfd):
-    # An engine of its own, started while capfd holds the descriptors its processes inherit: vLLM's
-    # worker prints its warnings there (the module's engine was started before this test).
-    engine = make_engine("vllm", model_dir, dtype="float32", device="cpu", seed=0,
-                         options=dict(max_model_len=128, kv_cache_memory_bytes=32 << 20))
+def test_streamed_partial_update_in_small_buckets(engine, engine_log, tokenizer, chain_state):
+    engine.update_weights(chain_state.items())
+    other = helpers.random_model(tokenizer, seed=12).state_dict()
+    layer0 = {k: v for k, v in other.items() if k.startswith("model.layers.0.")}
+    sender = engine.weight_sender
+    default_bucket, sender.bucket_bytes = sender.bucket_bytes, 64 << 10  # several buckets for the ~0.4 MB of layer 0
+    printed_before = engine_log.stat().st_size
     try:
-        engine.update_weights(chain_state.items())
-        other = helpers.random_model(tokenizer, seed=12).state_dict()
-        layer0 = {k: v for k, v in other.items() if k.startswith("model.layers.0.")}
-        engine.weight_sender.bucket_bytes = 64 << 10  # several buckets for the ~0.4 MB of layer 0
-        capfd.readouterr()
         engine.update_weights(iter(layer0.items()))
-        assert engine.weight_sender.last_buckets > 1
-        merged = {**chain_state, **layer0}
-        assert checksums_match(engine.weights_checksum(), named_weights_checksum(merged.items()))
-        # The layers an update leaves out by design (a pipeline stage's share, LoRA's adapted
-        # weights) keep their weights without a warning each from vLLM's worker.
-        printed = "".join(capfd.readouterr())
-        assert "Failed to load weights" not in printed, printed[-2000:]
     finally:
-        engine.close()
+        sender.bucket_bytes = default_bucket
+    assert sender.last_buckets > 1
+    merged = {**chain_state, **layer0}
+    assert checksums_match(engine.weights_checksum(), named_weights_checksum(merged.items()))
+    # The layers an update leaves out by design (a pipeline stage's share, LoRA's adapted weights) keep
+    # their weights without a warning each from vLLM's worker.
+    with open(engine_log, "rb") as log:
+        log.seek(printed_before)
+        printed = log.read().decode(errors="replace")
+    assert "Failed to load weights" not in printed, printed[-2000:]
 
 
 @requires_vllm
