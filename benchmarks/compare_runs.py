@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rlft.curves import paired_change, plot_runs, question_outcomes, read_evals, read_steps  # noqa: E402
 
 PHASES = ("step", "sample", "grade", "train", "sync")
+TOKENS = ("prompt", "generated", "inserted", "response", "total")
 MEMORY = ("sample", "sync", "train")
 
 
@@ -39,6 +40,17 @@ def median(rows: list[dict], key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def median_of(rows: list[dict], value) -> float | None:
+    """The median of ``value(row)`` over the rows that hold every number it reads."""
+    vals = []
+    for r in rows:
+        try:
+            vals.append(value(r))
+        except (KeyError, TypeError, ZeroDivisionError):
+            continue
+    return statistics.median(vals) if vals else None
+
+
 def arm(run: Path, up_to: int | None) -> dict:
     steps = [r for r in read_steps(run) if r.get("step", 0) >= 1 and (up_to is None or r["step"] <= up_to)]
     plain = [r for r in steps if "eval/accuracy" not in r]  # steps that paid for no evaluation
@@ -52,6 +64,8 @@ def arm(run: Path, up_to: int | None) -> dict:
         "peak_memory_gib": {p: max((r.get(f"memory/peak_gb/{p}") or 0.0 for r in steps), default=0.0) or None
                             for p in MEMORY},
         "sample_tokens_per_s": mean(plain, "throughput/sample_tokens_per_s"),
+        "tokens_median": {k: median(plain, f"tokens/{k}") for k in TOKENS},
+        "step_seconds_per_1k_generated": median_of(plain, lambda r: 1000 * r["time/step"] / r["tokens/generated"]),
         "sampling_rounds_per_step": mean(steps, "dynamic_sampling/rounds"),
         "reward_all_first": mean(steps[:edge], "dynamic_sampling/reward_all") or mean(steps[:edge], "reward/mean"),
         "reward_all_last": mean(steps[-edge:], "dynamic_sampling/reward_all") or mean(steps[-edge:], "reward/mean"),
@@ -93,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         if oa and ob:
             between[s] = paired_change(oa, ob)  # gained = right in b, wrong in a
     result["between"] = {"a": na, "b": nb, "at_step": between}
+    per_token = (a["step_seconds_per_1k_generated"], b["step_seconds_per_1k_generated"])
+    # b's step against a's at equal generated tokens (medians; the issue's bound for tool steps is 1.15)
+    result["step_ratio_per_generated_token"] = per_token[1] / per_token[0] if all(per_token) else None
     if a["evals"] and b["evals"]:
         la, lb = max(a["evals"]), max(b["evals"])
         oa = question_outcomes(named[na] / "eval" / f"step_{la:06d}")
@@ -111,9 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"last evaluations, {na} step {last['a_step']} against {nb} step {last['b_step']}: "
               f"{nb} {last['gained']}/{last['lost']}, p={last['p_value_mcnemar']:.2g}")
     for key in ("steps", "training_minutes", "seconds_median", "peak_memory_gib", "sample_tokens_per_s",
+                "tokens_median", "step_seconds_per_1k_generated",
                 "sampling_rounds_per_step", "reward_all_first", "reward_all_last", "entropy_first",
                 "entropy_last", "first_to_last"):
         print(f"{key}: {na}={a.get(key)}  {nb}={b.get(key)}")
+    if result["step_ratio_per_generated_token"] is not None:
+        print(f"step per generated token: {nb}/{na} = {result['step_ratio_per_generated_token']:.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}")

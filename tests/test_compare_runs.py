@@ -11,13 +11,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import compare_runs  # noqa: E402
 
 
-def write_run(path, step_seconds, train_peaks, evals, per_question_name="results.jsonl"):
-    """step i+1 takes step_seconds[i]; evals maps step -> the questions answered right (of 10)."""
+def write_run(path, step_seconds, train_peaks, evals, per_question_name="results.jsonl", generated=None):
+    """step i+1 takes step_seconds[i] (and samples generated[i] tokens); evals maps step -> the questions
+    answered right (of 10)."""
     path.mkdir(parents=True)
     lines = [{"step": 0, "eval/accuracy": 0.0}]
     for i, (sec, peak) in enumerate(zip(step_seconds, train_peaks)):
         rec = {"step": i + 1, "reward/mean": 0.1 * i, "time/step": sec, "time/train": sec / 2,
                "memory/peak_gb/train": peak, "dynamic_sampling/reward_all": 0.1 * i, "entropy": 1.0 - 0.1 * i}
+        if generated is not None:
+            rec["tokens/generated"] = generated[i]
         if i + 1 in evals:
             rec["eval/accuracy"] = len(evals[i + 1]) / 10
         lines.append(rec)
@@ -34,9 +37,10 @@ def write_run(path, step_seconds, train_peaks, evals, per_question_name="results
 def test_arms_are_compared_on_the_same_questions_and_steps(tmp_path, capsys):
     # Arm a: right on {0,1} at step 0 and {0..4} at step 2; arm b: {0,1} then {0,5,6,7,8,9}.
     a = write_run(tmp_path / "a", [10.0, 30.0, 12.0, 99.0], [5.0, 6.0, 7.0, 50.0],
-                  {0: {0, 1}, 2: {0, 1, 2, 3, 4}})
+                  {0: {0, 1}, 2: {0, 1, 2, 3, 4}}, generated=[1000, 1000, 1000, 1])
     b = write_run(tmp_path / "b", [20.0, 40.0, 22.0], [3.0, 4.0, 3.5],
-                  {0: {0, 1}, 2: {0, 5, 6, 7, 8, 9}}, per_question_name="per_question.jsonl")
+                  {0: {0, 1}, 2: {0, 5, 6, 7, 8, 9}}, per_question_name="per_question.jsonl",
+                  generated=[500, 9, 400])
     out = tmp_path / "c.json"
     assert compare_runs.main([f"a={a}", f"b={b}", "--up-to", "3", "--json", str(out)]) == 0
     c = json.loads(out.read_text())
@@ -46,6 +50,10 @@ def test_arms_are_compared_on_the_same_questions_and_steps(tmp_path, capsys):
     # Medians over the steps without an evaluation (step 2 evaluated): steps 1 and 3.
     assert c["a"]["seconds_median"]["step"] == 11.0 and c["b"]["seconds_median"]["step"] == 21.0
     assert c["a"]["seconds_median"]["train"] == 5.5
+    # Per 1000 generated tokens, same steps: a 10 and 12 s (median 11), b 40 and 55 s (median 47.5).
+    assert c["a"]["step_seconds_per_1k_generated"] == 11.0 and c["b"]["step_seconds_per_1k_generated"] == 47.5
+    assert c["b"]["tokens_median"]["generated"] == 450.0 and c["a"]["tokens_median"]["inserted"] is None
+    assert math.isclose(c["step_ratio_per_generated_token"], 47.5 / 11)
     assert math.isclose(c["a"]["training_minutes"], round(52 / 60, 2))
     # Within arm b, step 0 -> 2: gained {5..9} (5), lost {1} (1): p = 2 * 7/64.
     first_to_last = c["b"]["first_to_last"]

@@ -126,6 +126,10 @@ def check_episode_metrics(s: dict, prompt_tokens: dict[int, int]) -> None:
     episode_tokens = s["tokens/total"] - GROUP * sum(prompt_tokens[i] for i in s["prompt_indices"])
     inserted = episode_tokens - s["tokens/response"]
     assert inserted > 0 and abs(inserted / episode_tokens - s["episodes/inserted_fraction"]) < 1e-6, s
+    # The same counts logged apart: the prompts, what the engine sampled, what the environment inserted.
+    assert s["tokens/prompt"] == s["tokens/total"] - episode_tokens, s
+    assert s["tokens/generated"] + s["tokens/inserted"] == episode_tokens, s
+    assert s["tokens/inserted"] / episode_tokens == pytest.approx(s["episodes/inserted_fraction"], abs=1e-6), s
     # On the steps that compare them (every other one), the engine's log-probs of the model's tokens, turn
     # by turn, are the trainer's of the whole episode as one sequence; an inserted token in the comparison
     # (0.0 from the engine, about -5 from the trainer) would put a ratio near e^5.

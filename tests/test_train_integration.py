@@ -96,6 +96,13 @@ def test_rollouts_earn_mixed_rewards(tiny_run):
     assert any(s["batch/zero_variance_group_fraction"] < 1 for s in steps)
 
 
+def test_a_single_turn_steps_tokens_are_its_prompts_and_what_was_sampled(tiny_run):
+    for s in read_steps(tiny_run["out"]):
+        assert s["tokens/inserted"] == 0 and s["tokens/prompt"] + s["tokens/generated"] == s["tokens/total"], s
+        # the loss reads the sampled tokens but eos (grpo.train_on_eos: false)
+        assert 0 < s["tokens/response"] <= s["tokens/generated"], s
+
+
 def test_kl_and_entropy_are_real_numbers(tiny_run):
     steps = read_steps(tiny_run["out"])
     # Step 1: the policy still equals the reference, so KL is 0; after the first step with a

@@ -286,8 +286,14 @@ def all_rollouts_metrics(grades: list[dict]) -> dict:
 
 
 def rollout_metrics(rollout: Rollout, grades: list[dict], batch: RolloutBatch, reward_stats: dict) -> dict:
+    """The step's rewards, lengths and token counts.  ``tokens/response`` counts the tokens the loss reads
+    (the model's own, eos and bos out unless ``grpo.train_on_eos``); ``tokens/generated`` every token the
+    engine sampled, ``tokens/inserted`` the environment's replies (and their template tokens) between
+    turns, ``tokens/prompt`` the prompts as the engine received them: a tool step's cost per generated
+    token reads ``time/step / tokens/generated``."""
     resp_len = batch.response_mask.sum(-1).float()
     n = max(1, len(grades))
+    generated = sum(sum(row.response_mask) for row in rollout)
     out = {
         "reward/mean": sum(g["reward"] for g in grades) / n,
         "reward/format": sum(g["format_reward"] for g in grades) / n,
@@ -297,6 +303,9 @@ def rollout_metrics(rollout: Rollout, grades: list[dict], batch: RolloutBatch, r
         "response_length/clipped_fraction": sum(row.finish_reason == LENGTH for row in rollout) / n,
         "tokens/response": float(batch.response_mask.sum()),
         "tokens/total": float(batch.attention_mask.sum()),
+        "tokens/prompt": float(batch.prompt_lengths.sum()),
+        "tokens/generated": float(generated),
+        "tokens/inserted": float(sum(len(row.response_ids) for row in rollout) - generated),
     }
     for k, v in reward_stats.items():
         if isinstance(v, (int, float)) or (torch.is_tensor(v) and v.numel() == 1):
