@@ -17,7 +17,9 @@ export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES="" TOKENIZERS_PARALLELISM=false H
 workers="${RLFT_TEST_WORKERS:-$(python -c 'import os; n = len(os.sched_getaffinity(0)); print(3 if n >= 2 else 1)')}"
 [[ "$workers" =~ ^[0-9]+$ ]] || { echo "rlft: RLFT_TEST_WORKERS must be a whole number of workers, got '$workers'" >&2; exit 2; }
 parallel=()
-[ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadfile)
+# Whole files to a worker, the longest first (tests/file_costs.py; xdist would hand out the files with the
+# most tests first, leaving the few long launches for the end).
+[ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 python -m pytest -q --timeout=900 "${parallel[@]}" "$@"
 rc=$?
 # pytest's "no tests collected" is a failure of the suite, not a success.

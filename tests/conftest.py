@@ -12,6 +12,18 @@ REPO = Path(__file__).resolve().parents[1]
 GSM8K_FIXTURE = REPO / "tests" / "fixtures" / "gsm8k"
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """The longest files first (`tests/file_costs.py`), each file's tests in their own order: the workers
+    start on the long end-to-end files, and the short ones fill in at the end."""
+    from file_costs import load
+
+    seconds = load()
+    first_seen = {}
+    for item in items:
+        first_seen.setdefault(item.path.name, len(first_seen))
+    items.sort(key=lambda item: (-seconds.get(item.path.name, 0.0), first_seen[item.path.name]))
+
+
 def rollout_rows(prompt_ids, response_ids, finish_reasons, *, texts=None, ground_truths=None, logprobs=None,
                  response_masks=None, indices=None):
     """Hand-made rollout rows (`rlft.envs.rollouts.RolloutRow`), one per response, from per-row lists."""
