@@ -12,8 +12,9 @@
 #   MODEL=path/to/model.gguf GSM8K=path/to/gsm8k MINUTES=10 SFT_STEPS=100 bash benchmarks/tools_gsm8k.sh OUT
 #
 # OUT/sft_single and OUT/sft_tools are the cold starts, OUT/single and OUT/tools the two GRPO runs (steps.jsonl,
-# eval/step_*/); OUT/results.tar.gz packs what the comparison reads: python benchmarks/compare_runs.py
-# single=OUT/single tools=OUT/tools.
+# eval/step_*/); OUT/compare.json and compare.txt hold python benchmarks/compare_runs.py single=OUT/single
+# tools=OUT/tools (accuracy at each evaluation, McNemar between the arms, the step ratio per generated token);
+# OUT/results.tar.gz packs them with what they read.
 # Environment: MODEL, GSM8K (train.jsonl and test.jsonl), MINUTES (10), SFT_STEPS (100; 0: no cold start, GRPO
 # from MODEL itself), SFT_EVAL (100: the test questions the SFT runs' final evaluation scores), STAGGER (45 s
 # between the two starts, so that the engines start one after the other), KV_BYTES (each engine's KV cache,
@@ -94,7 +95,11 @@ for name in single tools; do  # the arms run in the background: their status is 
   grep -q "\] $name exited 0$" "$out/phases.log" || failed=1
   [ -s "$out/$name/steps.jsonl" ] || { echo "$name logged no step: see $out/$name.log" >&2; failed=1; }
 done
+if [ -s "$out/single/steps.jsonl" ] && [ -s "$out/tools/steps.jsonl" ]; then  # accuracy, McNemar, step cost per token
+  "$PYTHON" benchmarks/compare_runs.py single="$out/single" tools="$out/tools" --json "$out/compare.json" \
+    > "$out/compare.txt" 2>&1 || echo "compare_runs failed: see $out/compare.txt" >&2
+fi
 tar -czf "$out/results.tar.gz" -C "$out" --exclude='*.safetensors' --exclude='checkpoints' --exclude='tb' \
-  phases.log single.log tools.log single tools $( [ "$SFT_STEPS" -gt 0 ] && echo sft_single.log sft_tools.log sft_single sft_tools ) 2>/dev/null
+  phases.log single.log tools.log single tools $( [ -f "$out/compare.json" ] && echo compare.json compare.txt ) $( [ "$SFT_STEPS" -gt 0 ] && echo sft_single.log sft_tools.log sft_single sft_tools ) 2>/dev/null
 echo "[tools_gsm8k $(date +%H:%M:%S)] done$( [ "$failed" -eq 0 ] || echo ', with a failed launch' )" | tee -a "$out/phases.log"
 exit "$failed"
