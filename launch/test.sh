@@ -5,8 +5,9 @@
 # Test files run three at a time on a machine with two cores or more (pytest-xdist; a file's tests stay
 # on one worker, so its fixtures are built once): the launches' ranks spend part of their time waiting
 # (on each other, on timeouts a test sets, on their start), which a third worker fills; on 2 cores four
-# clean-clone runs took 14 min 47 s to 15 min 41 s, against 15 min 33 s to 16 min 37 s with two workers
-# (the suite is mostly CPU-bound: each rank spends seconds importing transformers' modelling code).
+# clean-clone runs took 14 min 47 s to 15 min 41 s, against 15 min 33 s to 16 min 37 s with two workers,
+# and a fourth worker was slower again (18 min 9 s against 17 min 55 s on a slower day): the suite is
+# CPU-bound, each rank spending seconds importing transformers' modelling code.
 # RLFT_TEST_WORKERS=N sets how many (0 or 1: one after the other, as pdb and -s need).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
