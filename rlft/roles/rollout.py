@@ -286,11 +286,12 @@ def all_rollouts_metrics(grades: list[dict]) -> dict:
 
 
 def rollout_metrics(rollout: Rollout, grades: list[dict], batch: RolloutBatch, reward_stats: dict) -> dict:
-    """The step's rewards, lengths and token counts.  ``tokens/response`` counts the tokens the loss reads
-    (the model's own, eos and bos out unless ``grpo.train_on_eos``); ``tokens/generated`` every token the
-    engine sampled, ``tokens/inserted`` the environment's replies (and their template tokens) between
-    turns, ``tokens/prompt`` the prompts as the engine received them: a tool step's cost per generated
-    token reads ``time/step / tokens/generated``."""
+    """The step's rewards, lengths and token counts, over the batch's rows (groups that dynamic sampling
+    dropped are not among them).  ``tokens/response`` counts the tokens the loss reads (the model's own, eos
+    and bos out unless ``grpo.train_on_eos``); ``tokens/generated`` every token the engine sampled for the
+    rows, ``tokens/inserted`` the environment's replies (and their template tokens) between turns,
+    ``tokens/prompt`` the prompts as the engine received them: a tool step's cost per generated token
+    reads ``time/step / tokens/generated``."""
     resp_len = batch.response_mask.sum(-1).float()
     n = max(1, len(grades))
     generated = sum(sum(row.response_mask) for row in rollout)
