@@ -407,6 +407,17 @@ def test_completions_carry_the_raw_logprobs_of_their_tokens(engine, tokenizer):
 
 
 @requires_vllm
+def test_on_cpu_the_worker_runs_inside_the_engine_process(engine):
+    # As on a GPU: the owner, and one engine process that holds the worker (and so receives the weights).
+    import psutil
+
+    engines = [p for p in psutil.Process().children(recursive=True) if "EngineCore" in " ".join(p.cmdline() + [p.name()])]
+    assert len(engines) == 1, [(p.pid, p.name(), p.cmdline()[:3]) for p in psutil.Process().children(recursive=True)]
+    assert engines[0].children(recursive=True) == []
+    assert engine.llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend.endswith("UniProcExecutor")
+
+
+@requires_vllm
 def test_sleep_and_wake_are_noops_on_cpu(engine, tokenizer, chain_state):
     engine.update_weights(chain_state.items())
     engine.sleep()
