@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Shared by train.sh and sft.sh: TRAINER CONFIG [key=value ...] -> the deepspeed launcher.  TRAINER is a
 # trainer's record name (rlft/config/trainers.py: grpo, sft, or one a plugin registers); the plan names its module.
-# One node: `deepspeed --num_gpus N`.  Several nodes (topology.nodes > 1): DeepSpeed's own
+# One node: DeepSpeed's per-node launcher (`python -m deepspeed.launcher.launch`, what the `deepspeed`
+# runner would start).  Several nodes (topology.nodes > 1): the runner and DeepSpeed's own
 # launchers with output.hostfile (pdsh over ssh, slurm, the MPI launchers, or no_ssh: this node only,
 # as topology.node_rank); rlft.config.launch_plan works out the options and checks the hostfile.
 set -uo pipefail
@@ -14,7 +15,12 @@ else
   export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES=""
 fi
 plan=$(python -m rlft.config.launch_plan --trainer "$trainer" --config "$config" --gpus-available "$gpus" "$@") || exit $?
-eval "$plan"  # world nodes per_node entry ds_args rank_args placement module (shell-quoted by launch_plan)
+eval "$plan"  # world nodes per_node entry launcher ds_args rank_args placement module (shell-quoted by launch_plan)
+if [ "$launcher" = node ]; then
+  ds=(python -u -m deepspeed.launcher.launch)
+else
+  ds=(deepspeed)
+fi
 if [ "$entry" = script ]; then
   entry_args=("$here/rank.py" "$module")
 else
@@ -39,7 +45,7 @@ echo "[rlft] $module: $world rank(s) on $nodes node(s), config $config $*" >&2
 # stopping one node's launcher stops that node's ranks, and the other nodes' ranks then lose contact
 # and stop too.  Without this, a signal to the runner alone would leave its ranks running.
 set -m
-deepspeed "${ds_args[@]}" "${entry_args[@]}" --config "$config" "$@" "${rank_args[@]}" </dev/null &
+"${ds[@]}" "${ds_args[@]}" "${entry_args[@]}" --config "$config" "$@" "${rank_args[@]}" </dev/null &
 pid=$!
 set +m
 for sig in TERM INT HUP; do

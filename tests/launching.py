@@ -1,4 +1,5 @@
-"""Running tests/pipeline_check.py under the real ``deepspeed`` launcher (CPU, gloo).
+"""Running tests/pipeline_check.py under DeepSpeed's real per-node launcher (CPU, gloo), as launch/train.sh
+starts one node's ranks.
 
     outs = run_pipeline_checks(root, batches, {2: [case, ...], 3: [case, ...]})
     stage_results(outs, 2, "llama")  # what each of the 2 stages dumped for case "llama"
@@ -31,7 +32,7 @@ def launch_env() -> dict[str, str]:
 
 
 def run_pipeline_checks(root: Path, batches: dict, launches: dict[int, list[dict]]) -> dict[int, Path]:
-    """One ``deepspeed --num_gpus N tests/pipeline_check.py`` launch per entry of ``launches``
+    """One ``python -m deepspeed.launcher.launch`` of N ranks of ``tests/pipeline_check.py`` per entry of ``launches``
     (num_stages -> its cases), all reading ``batches``; returns num_stages -> the launch's out
     directory.  The launches run side by side (each spends much of its time in one process
     importing torch and deepspeed, while other cores idle).  A failed launch fails the calling
@@ -39,6 +40,7 @@ def run_pipeline_checks(root: Path, batches: dict, launches: dict[int, list[dict
     import torch
 
     from rlft.common import free_port
+    from rlft.config.launch_plan import one_node_launch_args
 
     root = Path(root)
     data = root / "batches.pt"
@@ -52,8 +54,8 @@ def run_pipeline_checks(root: Path, batches: dict, launches: dict[int, list[dict
         while port in ports:
             port = free_port()
         ports.add(port)
-        cmd = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(num_stages),
-               "--master_port", str(port), str(CHECK_SCRIPT), "--spec", str(spec)]
+        cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.launch", *one_node_launch_args(num_stages, port),
+               str(CHECK_SCRIPT), "--spec", str(spec)]
         logs = (open(root / f"launch{num_stages}.out", "w+"), open(root / f"launch{num_stages}.err", "w+"))
         running[num_stages] = (subprocess.Popen(cmd, env=env, cwd=root, stdout=logs[0], stderr=logs[1], text=True),
                                logs, out)

@@ -1,8 +1,8 @@
 """Runs the policy pipeline under the real ``deepspeed`` launcher and dumps what each stage sees.
 
-Launched by tests/test_pipeline.py as
-``deepspeed --num_gpus N tests/pipeline_check.py --spec spec.json`` (CPU, gloo); the test compares
-the dumps with the plain HF model. ``spec.json``::
+Launched by tests/test_pipeline.py (tests/launching.py) as
+``python -m deepspeed.launcher.launch ... tests/pipeline_check.py --spec spec.json`` (N ranks; CPU, gloo); the
+test compares the dumps with the plain HF model. ``spec.json``::
 
     {"data": "batches.pt", "out": "out_dir",
      "cases": [{"name": ..., "model_dir": ..., "attn_implementation": "eager" | "sdpa",

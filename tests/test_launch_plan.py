@@ -52,13 +52,29 @@ def write_hostfile(tmp_path: Path, *lines: str) -> str:
 # ---------------------------------------------------------------- one node
 
 
-def test_one_node_uses_num_gpus_and_a_free_port():
+def test_one_node_starts_deepspeeds_per_node_launcher_as_its_runner_would(monkeypatch):
+    import base64
+
+    from deepspeed.launcher import launch, runner
+
     plan = plan_of(CONFIGS / "grpo_8gpu.yaml")
-    assert (plan.world, plan.nodes, plan.per_node, plan.entry, plan.rank_args) == (8, 1, 8, "module", [])
-    assert plan.ds_args[:3] == ["--num_gpus", "8", "--master_port"] and int(plan.ds_args[3]) > 0
+    assert (plan.world, plan.nodes, plan.per_node, plan.entry, plan.rank_args, plan.launcher) == (
+        8, 1, 8, "module", [], "node")
     assert plan.placement == ["node 0: policy stages 0-4 on ranks 0-4; evaluator on rank 5; reference on rank 6; "
                               "sampler on rank 7"]
-    assert plan_of(CONFIGS / "grpo_8gpu.yaml", "topology.master_port=29999").ds_args[3] == "29999"
+    port = int(plan.ds_args[2].removeprefix("--master_port="))
+    assert port > 0
+    # What `deepspeed --num_gpus 8 --master_port P` hands the per-node launcher on one host.
+    ranks = runner.apply_num_nodes_and_gpus({"localhost": 8}, -1, 8)
+    assert plan.ds_args == [f"--world_info={runner.encode_world_info(ranks)}", "--master_addr=127.0.0.1",
+                            f"--master_port={port}"]
+    monkeypatch.setattr(sys, "argv", ["launch", *plan.ds_args, "--module", "rlft.train_grpo", "--config", "x.yaml"])
+    args = launch.parse_args()
+    assert json.loads(base64.urlsafe_b64decode(args.world_info)) == {"localhost": list(range(8))}
+    assert (args.master_addr, args.master_port, args.module, args.training_script, args.training_script_args) == (
+        "127.0.0.1", port, True, "rlft.train_grpo", ["--config", "x.yaml"])
+    assert plan_of(CONFIGS / "grpo_8gpu.yaml", "topology.master_port=29999").ds_args[2] == "--master_port=29999"
+    assert "launcher=node" in plan.shell().splitlines()[0]
 
 
 def test_free_ports_are_drawn_outside_the_ephemeral_range(monkeypatch):
@@ -118,6 +134,7 @@ def test_pdsh_plan():
     assert plan.ds_args == ["--hostfile", "launch/hostfiles/2x8gpu", "--master_port", "29500",
                             "--num_nodes", "2", "--num_gpus", "8"]
     assert (plan.world, plan.nodes, plan.per_node, plan.entry, plan.rank_args) == (16, 2, 8, "module", [])
+    assert plan.launcher == "runner"  # several nodes: the `deepspeed` command, which starts each node's launcher
     addr = plan_of(TWO_BY_EIGHT, "topology.master_addr=10.0.0.1").ds_args
     assert addr[-2:] == ["--master_addr", "10.0.0.1"]
 

@@ -114,8 +114,10 @@ def test_stopping_the_launcher_stops_every_rank_and_a_second_launch_is_refused(s
         ranks = first.ranks()
         assert sorted(ranks) == [0, 1, 2]
         launcher = psutil.Process(ranks[0].ppid())  # DeepSpeed's per-node launcher
-        runner = launcher.parent()  # the `deepspeed` command (train.sh runs it in a process group of its own)
-        assert "deepspeed" in " ".join(runner.cmdline()), runner.cmdline()
+        # One node: the launch script (train.sh execs launch/_launch.sh) starts DeepSpeed's per-node launcher
+        # itself, in a process group of its own; the launch script is the launching command the lock names.
+        script = launcher.parent()
+        assert script.pid == first.proc.pid and "launch/_launch.sh" in " ".join(script.cmdline()), script.cmdline()
 
         # A second launch on the same output directory names the running one and exits with status 2.
         second = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(CONFIG), *setup["common"], *ALONE,
@@ -125,12 +127,13 @@ def test_stopping_the_launcher_stops_every_rank_and_a_second_launch_is_refused(s
         refusal = [line for line in second.stderr.splitlines() if "is in use by another launch" in line]
         assert len(refusal) == 1 and refusal[0].startswith("rlft: output.dir "), second.stderr[-4000:]
         assert "rlft.train_grpo: 1 rank(s)" not in second.stderr  # refused before any rank started
-        assert f"pid {ranks[0].pid} on " in refusal[0] and f"launching command is pid {runner.pid}" in refusal[0]
+        assert f"pid {ranks[0].pid} on " in refusal[0] and f"launching command is pid {script.pid}" in refusal[0]
         assert first.proc.poll() is None and steps_done(out) >= 2  # the first launch runs on
 
-        # SIGTERM to the `deepspeed` command (what `timeout` or `kill` does): every rank stops within seconds.
-        runner.send_signal(signal.SIGTERM)
-        took = wait_for(lambda: all(gone(p) for p in [*ranks.values(), launcher, runner]), 60, "every rank stopped", first)
+        # SIGTERM to the launching command (what `timeout` or `kill` on train.sh does): every rank stops within
+        # seconds, DeepSpeed's launcher and the script with them.
+        script.send_signal(signal.SIGTERM)
+        took = wait_for(lambda: all(gone(p) for p in [*ranks.values(), launcher, script]), 60, "every rank stopped", first)
         print(f"\nevery rank stopped {took:.1f} s after the launcher was sent SIGTERM")
         lines = first.stopped_lines()
         # Each rank names why: its launcher (or the launching command it watches) is gone, or the signal
@@ -147,7 +150,7 @@ def test_stopping_the_launcher_stops_every_rank_and_a_second_launch_is_refused(s
         lock = OutputDirLock(out)
         previous = lock.acquire()
         lock.release()
-        assert previous["pid"] == ranks[0].pid and previous["launcher_pid"] == runner.pid
+        assert previous["pid"] == ranks[0].pid and previous["launcher_pid"] == script.pid
     finally:
         first.cleanup()
 

@@ -164,11 +164,12 @@ def train_passes(cfg) -> float:
 
 def launch_rlft(config_path: Path, cfg, out: Path, use_gpu: bool, timeout: float) -> dict:
     from rlft.common import free_port
+    from rlft.config.launch_plan import one_node_launch_args
     from rlft.config.trainers import TRAINERS
 
     per_node = cfg.world_size()
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", str(free_port()),
-           "--num_gpus", str(per_node), "--module", TRAINERS["grpo"].module, "--config", str(config_path)]
+    cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.launch", *one_node_launch_args(per_node, free_port()),
+           "--module", TRAINERS["grpo"].module, "--config", str(config_path)]
     say(f"rlft: {per_node} rank(s), log {out / 'rlft.log'}")
     with environment.GpuMemoryWatcher() as watcher:
         rc, wall = run_logged(cmd, out / "rlft.log", child_env(use_gpu, per_node), timeout)

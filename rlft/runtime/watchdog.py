@@ -4,7 +4,8 @@ One daemon thread per rank (`Watchdog`) stops the rank, through the `stop(reason
 given, when
 
 * the launcher is gone: a rank started by DeepSpeed's per-node launcher watches that launcher, the
-  `deepspeed` command above it and the launch script on this host above that (`launch/train.sh`);
+  command above it (the `deepspeed` command on several nodes) and the launch script on this host
+  (`launch/train.sh`, which starts the per-node launcher itself on one node);
   when one ends (even by SIGKILL), nothing is left to stop the ranks, so they stop themselves, and
   the launchers above them end with them;
 * a signal arrives (SIGTERM, SIGINT, SIGHUP unless ignored): handled by this thread through a
@@ -55,9 +56,10 @@ def launch_script() -> list[tuple[int, float, str]]:
 
 def launcher_processes() -> list[tuple[int, float, str]]:
     """(pid, start time, what) of the processes whose end must end this rank: DeepSpeed's per-node
-    launcher (the parent), the `deepspeed` command that started it, and the launch script above
-    that (`launch_script`).  None for a rank started some other way (by hand, a test), whose parent
-    may legitimately go away (nohup)."""
+    launcher (the parent), the command that started it (the `deepspeed` command on several nodes, the
+    launch script itself on one), and the launch script (`launch_script`).  The launching command comes
+    last: the output directory's lock names it.  None for a rank started some other way (by hand, a
+    test), whose parent may legitimately go away (nohup)."""
     import psutil
 
     try:
@@ -65,10 +67,11 @@ def launcher_processes() -> list[tuple[int, float, str]]:
         if parent is None or _LAUNCH_MODULE not in " ".join(parent.cmdline()):
             return launch_script()
         found = [(parent.pid, parent.create_time(), f"DeepSpeed's launcher (pid {parent.pid})")]
-        runner = parent.parent()
-        if runner is not None and runner.pid > 1:
-            found.append((runner.pid, runner.create_time(), f"the launching command (pid {runner.pid})"))
-        return launch_script() + found  # the `deepspeed` command last: the lock names it
+        script = launch_script()
+        above = parent.parent()
+        if above is None or above.pid <= 1 or any(pid == above.pid for pid, _, _ in script):
+            return found + script  # one node: the launch script started DeepSpeed's launcher itself
+        return script + found + [(above.pid, above.create_time(), f"the launching command (pid {above.pid})")]
     except psutil.Error:
         return []
 
