@@ -22,6 +22,7 @@ FP8_LORA = "h200_2026-12-03_fp8_lora/README.md"
 DEFAULTS = "h200_2026-12-03_defaults/README.md"
 ROUNDS = "h100_2026-12-05_round_size/README.md"
 CHECKS = "h100_2026-12-06_checks/README.md"
+SUITE = "cpu_2026-12-07_suite/README.md"
 P, B, A = "one_shape_sample_phase_h100", "one_shape_sample_phase_h100/before", "one_shape_sample_phase_h100/after"
 W, OLD, I = "w_big_1gpu", "w_big_1gpu/previous", "w_big_1gpu_interleaved"
 QUOTES = [
@@ -112,6 +113,14 @@ QUOTES = [
     (CHECKS, "**sync {w_big_1gpu_h100/sync_s:.3f} s, of which the engine's wake {w_big_1gpu_h100/sync_parts_s/wake:.3f} s**"),
     ("README.md", "so its sync takes {w_big_1gpu_h100/sync_s:.3f} s, {w_big_1gpu_h100/sync_parts_s/wake:.3f} s of it the wake, "
                   "against {w_big_1gpu/sync_s:.3f} s on an H200"),
+    ("README.md", "a tiny model's engine starts in {cpu_engine_in_process/in_engine/start_s:.1f} s instead of "
+                  "{cpu_engine_in_process/worker_process/start_s:.1f} s, with {cpu_engine_in_process/in_engine/cpu_s_until_close:.1f} "
+                  "CPU-s instead of {cpu_engine_in_process/worker_process/cpu_s_until_close:.1f}"),
+    (SUITE, "| start, s | {cpu_engine_in_process/in_engine/start_s:.1f} | {cpu_engine_in_process/worker_process/start_s:.1f} | "
+            "{cpu_engine_in_process/ratio_in_engine_over_worker_process/start_s:.2f} |"),
+    (SUITE, "| CPU-s until the close | {cpu_engine_in_process/in_engine/cpu_s_until_close:.1f} | "
+            "{cpu_engine_in_process/worker_process/cpu_s_until_close:.1f} | "
+            "{cpu_engine_in_process/ratio_in_engine_over_worker_process/cpu_s_until_close:.2f} |"),
 ]
 
 
