@@ -1,7 +1,7 @@
 """A vLLM engine on CPU: its worker inside the engine process (as rlft builds it) against vLLM's own CPU
 default, a worker process of its own.
 
-    python benchmarks/bench_cpu_engine.py --rounds 3 --out benchmarks/results/cpu_engine.json
+    python benchmarks/bench_cpu_engine.py --rounds 3 --out benchmarks/results/cpu_2026-12-07_suite/cpu_engine.json
 
 Each round builds one engine of each kind, in alternating order (A/B, then B/A, ...), on the benchmark's
 ``tiny`` model (2 layers, float32, the Qwen2.5 tokenizer): it times the start, one greedy request, a weight

@@ -43,7 +43,7 @@ echo "[rlft] $module: $world rank(s) on $nodes node(s), config $config $*" >&2
 # The launcher and everything it starts on this node (DeepSpeed's per-node launcher, the ranks) run
 # in a process group of their own.  A stop signal to this script reaches the whole group, so
 # stopping one node's launcher stops that node's ranks, and the other nodes' ranks then lose contact
-# and stop too.  Without this, a signal to the runner alone would leave its ranks running.
+# and stop too.  Without this, a signal to the launcher alone would leave its ranks running.
 set -m
 "${ds[@]}" "${ds_args[@]}" "${entry_args[@]}" --config "$config" "$@" "${rank_args[@]}" </dev/null &
 pid=$!
