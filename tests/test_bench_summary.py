@@ -25,7 +25,20 @@ CHECKS = "h100_2026-12-06_checks/README.md"
 SUITE = "cpu_2026-12-07_suite/README.md"
 P, B, A = "one_shape_sample_phase_h100", "one_shape_sample_phase_h100/before", "one_shape_sample_phase_h100/after"
 W, OLD, I = "w_big_1gpu", "w_big_1gpu/previous", "w_big_1gpu_interleaved"
+FAMILY_GPU = "h100_2026-12-07_families/README.md"
+FS, IR = "family_records_step_h100", "instruct_recipe_h100_2026-12-07"
 QUOTES = [
+    # The model families' checks on one H100: the step before and after, the instruct recipe.
+    ("README.md", f"took {{{FS}/after_over_before/s_per_step:.3f}}× the step before the family records "
+                  f"({{{FS}/after/s_per_step:.3f}} s against {{{FS}/before/s_per_step:.3f}} s)"),
+    ("README.md", f"instruct recipe went {{{IR}/before*100:.1f}} % → **{{{IR}/after*100:.1f}} %** in {{{IR}/after_step:.0f}} "
+                  f"steps ({{{IR}/minutes:.1f}} min;"),
+    (FAMILY_GPU, f"| s / step | {{{FS}/before/s_per_step:.3f}} | {{{FS}/after/s_per_step:.3f}} | "
+                 f"{{{FS}/after_over_before/s_per_step:.3f}} |"),
+    (FAMILY_GPU, f"| train s (MFU) | {{{FS}/before/train_s:.3f}} ({{{FS}/before/train_mfu*100:.1f}} %) | "
+                 f"{{{FS}/after/train_s:.3f}} ({{{FS}/after/train_mfu*100:.1f}} %) | {{{FS}/after_over_before/train_s:.3f}} |"),
+    (FAMILY_GPU, f"| 35 | **{{{IR}/after*100:.1f}} %** ({{{IR}/minutes:.1f}} min) |"),
+    (FAMILY_GPU, f"{{{IR}/gained:.0f}} gained, {{{IR}/lost:.0f}} lost"),
     # The README's table: the one-GPU set of h200_2026-12-03_bench5.
     ("README.md", f"| s / step | **{{{OLD}/rlft_s_per_step:.2f}}** | {{w_big_1gpu_awake/rlft_s_per_step:.2f}} | | "
                   f"{{{OLD}/trl_vllm_s_per_step:.2f}} | rlft ≤ 0.5 × TRL: **{{{OLD}/rlft_over_trl:.2f}} ×** |"),
