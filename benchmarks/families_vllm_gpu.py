@@ -12,7 +12,6 @@ GPU build of vLLM, for every family of ``rlft/models/families.py``; each family 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -20,7 +19,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, GemmaConfig, GraniteConfig, LlamaConfig,
+from transformers import (Gemma2Config, Gemma3TextConfig, GemmaConfig, GraniteConfig, LlamaConfig,
                           MistralConfig, MixtralConfig, Olmo2Config, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
 HERE = Path(__file__).resolve().parent
@@ -29,11 +28,8 @@ sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]
 from rlft.engines import SamplingSpec, make_engine, named_weights_checksum  # noqa: E402
 from rlft.engines.hf_engine import HFEngine  # noqa: E402
 from rlft.pipeline.weights import checkpoint_tensors  # noqa: E402
+from test_model_families_vllm import family_model as _family_model, helpers  # noqa: E402  (helpers: test_engines_hf.py's)
 from test_pipeline import chained_layers  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("_engine_test_helpers", HERE.parent / "tests" / "test_engines_hf.py")
-helpers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(helpers)
 
 CONFIGS = {  # head_dim 64, 4 layers (two of each kind where a family alternates sliding and full attention)
     "llama": lambda c: LlamaConfig(**c),
@@ -58,15 +54,7 @@ PROMPTS = ("Q: 3+4=?", "Hello there", "#", "<answer>12</answer> and then")
 
 
 def family_model(name, tokenizer, seed):
-    common = dict(vocab_size=helpers.VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                  num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
-                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(CONFIGS[name](common), attn_implementation="eager")
-    with torch.no_grad():  # wide weights: greedy choices far from ties
-        for key, p in model.named_parameters():
-            p.uniform_(0.5, 1.5) if "norm" in key else p.normal_(0.0, 0.3)
-    return model.eval()
+    return _family_model(name, tokenizer, seed, configs=CONFIGS, layers=4)
 
 
 def check(name: str, dtype: str, tokenizer, work: Path, device: str = "cuda") -> dict:

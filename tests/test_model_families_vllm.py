@@ -47,12 +47,13 @@ CONFIGS = {  # head_dim 64: vLLM's CPU attention
 }
 
 
-def family_model(name, tokenizer, seed):
-    common = dict(vocab_size=helpers.VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+def family_model(name, tokenizer, seed, *, configs=CONFIGS, layers=2):
+    """A tiny random model of ``configs[name]`` (head_dim 64) with wide weights; ``layers`` decoder layers."""
+    common = dict(vocab_size=helpers.VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
                   num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(CONFIGS[name](common), attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(configs[name](common), attn_implementation="eager")
     with torch.no_grad():  # wide weights: greedy choices far from ties
         for key, p in model.named_parameters():
             p.uniform_(0.5, 1.5) if "norm" in key else p.normal_(0.0, 0.3)
