@@ -28,6 +28,10 @@ W, OLD, I = "w_big_1gpu", "w_big_1gpu/previous", "w_big_1gpu_interleaved"
 FAMILY_GPU = "h100_2026-12-07_families/README.md"
 FS, IR = "family_records_step_h100", "instruct_recipe_h100_2026-12-07"
 QUOTES = [
+    ("cpu_2026-12-07_tool_block/README.md", "| of which the calculator's JSON schema (`rlft/envs/calculator.py`) | "
+                                            "{tool_block_tokens/schema_tokens:.0f} |"),
+    ("cpu_2026-12-07_tool_block/README.md", "| the tool block the template adds when the calculator is offered | "
+                                            "{tool_block_tokens/tool_block_tokens:.0f} |"),
     # The model families' checks on one H100: the step before and after, the instruct recipe.
     ("README.md", f"took {{{FS}/after_over_before/s_per_step:.3f}}× the step before the family records "
                   f"({{{FS}/after/s_per_step:.3f}} s against {{{FS}/before/s_per_step:.3f}} s)"),
