@@ -133,6 +133,22 @@ def gsm8k_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def taught_sums_dirs(tmp_path_factory) -> tuple[Path, Path]:
-    """`taught_sums` with 100 teaching steps and 4 test questions, built once per session for every
-    module that runs on it: (model directory, data directory), to read only."""
-    return taught_sums(tmp_path_factory.mktemp("taught"), teach_steps=100, test_size=4)
+    """`taught_sums` with 100 teaching steps and 4 test questions, built once per test run for every
+    module that runs on it, whichever worker asks first (the others wait for it and share it): (model
+    directory, data directory), to read only."""
+    import os
+    import shutil
+    import tempfile
+
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's, above the workers'
+    done = shared / "taught_sums"
+    with FileLock(str(done) + ".lock"):
+        if not (done / "gsm8k" / "test.jsonl").is_file():
+            building = Path(tempfile.mkdtemp(prefix=".taught_sums.", dir=shared))
+            taught_sums(building, teach_steps=100, test_size=4)
+            shutil.rmtree(done, ignore_errors=True)
+            os.replace(building, done)
+    return done / "model", done / "gsm8k"
