@@ -76,3 +76,28 @@ def test_an_installed_wheel_carries_the_templates_and_finds_them(tmp_path):
     assert found.returncode == 0, found.stderr[-3000:]
     where, names = found.stdout.splitlines()
     assert Path(where) == tmp_path / "site" / "rlft" / "ds_configs" and names == str(TEMPLATES)
+
+
+def test_deepspeeds_muon_module_is_imported_without_inductors_compiler():
+    """DeepSpeed's ZeRO check imports its Muon module, whose import-time ``torch.compile`` wrappers import
+    inductor's compiler (1 to 2 s of CPU per policy rank).  rlft imports the module first with dynamo off:
+    the compiler stays unloaded, the functions stay plain, the environment is as it was, and
+    ``torch.compile`` still wraps functions afterwards.  In a fresh interpreter, as a rank is."""
+    code = """
+import os, sys
+import torch, transformers.masking_utils, deepspeed
+from rlft.roles.policy import import_deepspeed_muon_uncompiled
+os.environ["TORCHDYNAMO_DISABLE"] = "0"
+import_deepspeed_muon_uncompiled()
+from deepspeed.runtime.zero.muon import original_muon
+from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
+print("compiler loaded:", "torch._inductor.compile_fx" in sys.modules)
+print("plain function:", type(original_muon.muon_update).__name__)
+print("environment:", os.environ["TORCHDYNAMO_DISABLE"])
+f = lambda x: x + 1
+print("wraps after:", torch.compile(f) is not f, "torch._inductor.compile_fx" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines()[-4:] == ["compiler loaded: False", "plain function: function", "environment: 0",
+                                           "wraps after: True True"], out.stdout

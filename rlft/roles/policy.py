@@ -39,6 +39,33 @@ def ds_config_dir() -> Path:
     return PACKAGED_DS_CONFIGS if PACKAGED_DS_CONFIGS.is_dir() else CHECKOUT_DS_CONFIGS
 
 
+def import_deepspeed_muon_uncompiled() -> None:
+    """Import DeepSpeed's Muon optimizer module with TorchDynamo off, once, before ``deepspeed.initialize``.
+
+    DeepSpeed's ZeRO check (``is_zero_supported_optimizer``) imports that module, which wraps three functions
+    in ``torch.compile`` at import; creating those wrappers imports inductor's compiler, about 1 to 2 s of CPU
+    on every policy rank of every launch.  rlft never builds a Muon optimizer, so its functions may stay
+    plain: with ``TORCHDYNAMO_DISABLE=1`` set while it imports, ``torch.compile`` hands them back unwrapped.
+    The variable is put back at once; ``torch.compile`` elsewhere (``model.compile_layers``) is untouched.
+    """
+    import os
+    import sys
+
+    if "deepspeed.runtime.zero.muon.muon_optimizer" in sys.modules:
+        return
+    before = os.environ.get("TORCHDYNAMO_DISABLE")
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"
+    try:
+        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+    except ImportError:  # a DeepSpeed without Muon: nothing to import
+        pass
+    finally:
+        if before is None:
+            os.environ.pop("TORCHDYNAMO_DISABLE", None)
+        else:
+            os.environ["TORCHDYNAMO_DISABLE"] = before
+
+
 def deepspeed_config(cfg: RunConfig, *, bf16: bool, gradient_accumulation_steps: int) -> dict:
     """The run's DeepSpeed JSON (`deepspeed_config`, or ds_configs/pipeline_<bf16|fp32>.json) with
     every value the YAML also sets taken from the YAML."""
@@ -121,6 +148,7 @@ class PolicyTrainer:
                                  divergence_factor=o.divergence_factor)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
         self.optimizer = optimizer
+        import_deepspeed_muon_uncompiled()
         self.engine, _, _, _ = deepspeed.initialize(
             model=module, optimizer=optimizer, lr_scheduler=scheduler,
             config=deepspeed_config(cfg, bf16=bf16, gradient_accumulation_steps=self.gas))
