@@ -32,6 +32,10 @@ QUOTES = [
                                             "{tool_block_tokens/schema_tokens:.0f} |"),
     ("cpu_2026-12-07_tool_block/README.md", "| the tool block the template adds when the calculator is offered | "
                                             "{tool_block_tokens/tool_block_tokens:.0f} |"),
+    (SUITE, "| before (4985da4^) | {policy_rank_muon_import/before_cpu_s_median:.2f} | "
+            "{policy_rank_muon_import/before_wall_s_median:.2f} |"),
+    (SUITE, "| after (4985da4) | {policy_rank_muon_import/after_cpu_s_median:.2f} | "
+            "{policy_rank_muon_import/after_wall_s_median:.2f} |"),
     # The model families' checks on one H100: the step before and after, the instruct recipe.
     ("README.md", f"took {{{FS}/after_over_before/s_per_step:.3f}}× the step before the family records "
                   f"({{{FS}/after/s_per_step:.3f}} s against {{{FS}/before/s_per_step:.3f}} s)"),
